@@ -1,0 +1,138 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Configuration of DFlash / DFlare block-diffusion drafters.
+
+Part of the remote-code payload: imports only torch and transformers, and only siblings as `from .x import y`.
+
+The on-disk layout is the z-lab one that vLLM and SGLang read: a Qwen3 config (``model_type: "qwen3"``) plus
+``block_size``, ``num_target_layers`` and ``dflash_config: {mask_token_id, target_layer_ids}``. Newer published
+drafters keep ``block_size`` inside ``dflash_config`` and use ``rope_parameters``; both layouts load.
+"""
+
+from transformers import Qwen3Config
+
+DFLASH_ARCHITECTURE = "DFlashDraftModel"
+DFLARE_ARCHITECTURE = "QwenDFlareDraftModel"
+SUPPORTED_ARCHITECTURES = (DFLASH_ARCHITECTURE, DFLARE_ARCHITECTURE)
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
+    """The z-lab rule for which target layers feed the drafter.
+
+    One feature -> the middle layer; otherwise evenly spaced from layer 1 to layer ``n - 3``.
+
+    Example:
+        >>> default_target_layer_ids(36, 5)
+        [1, 9, 17, 25, 33]
+    """
+    if num_features == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_features - 1))) for i in range(num_features)]
+
+
+class DFlashConfig(Qwen3Config):
+    r"""
+    Configuration of a [`DFlashDraftModel`]: the Qwen3 layer hyper-parameters plus the DFlash fields.
+
+    Args:
+        block_size (`int`, defaults to 16):
+            Tokens per drafted block (anchor + ``block_size - 1`` drafts).
+        target_layer_ids (`list[int]`):
+            0-based ids of the target decoder layers whose outputs are concatenated as context features.
+        mask_token_id (`int`):
+            Row of the target's embedding table used as the MASK input of the block.
+        num_target_layers (`int`):
+            Depth of the target the drafter was built for (checked against the target at generate time).
+        layer_fusion (`bool`, defaults to False):
+            DFlare: per-layer softmax mixing of the target features instead of one `fc` projection.
+        split_context_kv (`bool`, defaults to False):
+            DFlare: separate `k_proj_target` / `v_proj_target` for the context tokens.
+
+    Example:
+        >>> from hf_dflash import DFlashConfig
+        >>> config = DFlashConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        ...                       intermediate_size=128, num_hidden_layers=1, vocab_size=100,
+        ...                       target_layer_ids=[1, 2], mask_token_id=99, num_target_layers=4)
+        >>> config.to_dict()["dflash_config"]
+        {'mask_token_id': 99, 'target_layer_ids': [1, 2], 'block_size': 16}
+    """
+
+    # The interchange format is a Qwen3 config; engines parse it as such.
+    model_type = "qwen3"
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        target_layer_ids: list[int] | None = None,
+        mask_token_id: int | None = None,
+        num_target_layers: int | None = None,
+        layer_fusion: bool | None = None,
+        split_context_kv: bool | None = None,
+        dflash_config: dict | None = None,
+        **kwargs,
+    ):
+        nested = dict(dflash_config or {})
+        # Newer layouts nest these fields; the nested value wins over a stale top-level one.
+        block_size = nested.pop("block_size", block_size)
+        num_target_layers = nested.pop("num_target_layers", num_target_layers)
+        target_layer_ids = nested.pop("target_layer_ids", target_layer_ids)
+        mask_token_id = nested.pop("mask_token_id", mask_token_id)
+        architectures = kwargs.get("architectures") or [DFLASH_ARCHITECTURE]
+        is_dflare = DFLARE_ARCHITECTURE in architectures
+        self.block_size = int(block_size)
+        self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
+        self.mask_token_id = mask_token_id
+        self.num_target_layers = num_target_layers
+        self.layer_fusion = is_dflare if layer_fusion is None else bool(layer_fusion)
+        self.split_context_kv = is_dflare if split_context_kv is None else bool(split_context_kv)
+        self.extra_dflash_config = nested  # unknown nested keys survive a round trip
+        kwargs.setdefault("architectures", architectures)
+        super().__init__(**kwargs)
+
+    @property
+    def is_dflare(self) -> bool:
+        return self.layer_fusion or self.split_context_kv
+
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        extra = output.pop("extra_dflash_config", None) or {}
+        nested = {
+            **extra,
+            "mask_token_id": output.pop("mask_token_id"),
+            "target_layer_ids": output.pop("target_layer_ids"),
+            "block_size": output["block_size"],  # both places: old readers look at the top level
+        }
+        output["dflash_config"] = nested
+        output["architectures"] = [DFLARE_ARCHITECTURE if self.is_dflare else DFLASH_ARCHITECTURE]
+        # Plain DFlash checkpoints stay byte-compatible with the z-lab layout: variant switches only when set.
+        for key in ("layer_fusion", "split_context_kv"):
+            if output.get(key) == (DFLARE_ARCHITECTURE in output["architectures"]):
+                output.pop(key)
+        return output
+
+
+def validate_architecture(config_dict: dict) -> None:
+    """Raise a ValueError for configs that are not DFlash/DFlare drafters (e.g. a later 'DFlash2')."""
+    architectures = config_dict.get("architectures") or []
+    unknown = [a for a in architectures if a not in SUPPORTED_ARCHITECTURES]
+    if unknown:
+        raise ValueError(
+            f"This checkpoint declares architectures={architectures}, but hf-dflash loads only "
+            f"{list(SUPPORTED_ARCHITECTURES)}. Use the code published with that checkpoint, or convert it to the "
+            "DFlash layout (dflash_config with mask_token_id and target_layer_ids, z-lab state-dict names)."
+        )
+    nested = config_dict.get("dflash_config") or {}
+    if "target_layer_ids" not in nested and "target_layer_ids" not in config_dict:
+        raise ValueError(
+            "This config has no dflash_config.target_layer_ids, so it is not a DFlash drafter. "
+            "Create one with DFlashDraftModel.from_target(target) or load a DFlash checkpoint."
+        )
+
+
+# When hf_dflash is installed, a remote-code copy of this module hands back the installed class, so that
+# AutoModel.from_pretrained(..., trust_remote_code=True) and the installed package agree on one class.
+if not __name__.startswith("hf_dflash."):
+    try:
+        from hf_dflash.configuration_dflash import DFlashConfig  # noqa: F811
+    except ImportError:
+        pass

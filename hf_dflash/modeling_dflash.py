@@ -1,0 +1,375 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""DFlash / DFlare block-diffusion drafter.
+
+Part of the remote-code payload: imports only torch, transformers and sibling modules (`from .x import y`), so a
+saved drafter loads with ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` where hf_dflash is absent.
+
+The drafter owns no embeddings and no LM head: it reads the target's. One forward turns
+``[anchor, MASK, ..., MASK]`` (the block) into ``block_size`` hidden states, attending to keys/values projected from
+the target's hidden states at ``target_layer_ids`` ("KV injection") and to the block itself, bidirectionally.
+"""
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+from transformers.utils import logging
+
+from .configuration_dflash import DFlashConfig, default_target_layer_ids, validate_architecture
+from .generation_dflash import check_drafter_matches_target
+
+
+logger = logging.get_logger(__name__)
+
+
+class DFlashAttention(nn.Module):
+    """Attention whose keys/values are [context tokens, block tokens] and whose queries are the block tokens."""
+
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = False  # the block sees itself both ways; context is all in the past
+        q_out, kv_out = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_out, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_out, config.hidden_size, bias=config.attention_bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        if config.split_context_kv:  # DFlare: context tokens get their own K/V projections
+            self.k_proj_target = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+            self.v_proj_target = nn.Linear(config.hidden_size, kv_out, bias=config.attention_bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask=None,
+        past_key_values=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        batch, q_len = hidden_states.shape[:2]
+        query = self.q_norm(self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)).transpose(1, 2)
+        key, value = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        if context is not None and context.shape[1] > 0:
+            k_proj = self.k_proj_target if self.config.split_context_kv else self.k_proj
+            v_proj = self.v_proj_target if self.config.split_context_kv else self.v_proj
+            key = torch.cat([k_proj(context), key], dim=1)
+            value = torch.cat([v_proj(context), value], dim=1)
+        kv_len = key.shape[1]
+        key = self.k_norm(key.view(batch, kv_len, -1, self.head_dim)).transpose(1, 2)
+        value = value.view(batch, kv_len, -1, self.head_dim).transpose(1, 2)
+
+        # cos/sin cover [new context positions, block positions]; queries take the block's (last q_len) part.
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        query = query * cos[..., -q_len:, :] + rotate_half(query) * sin[..., -q_len:, :]
+        key = key * cos + rotate_half(key) * sin
+
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, _ = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return self.o_proj(attn_output.reshape(batch, q_len, -1).contiguous())
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Pre-norm Qwen3 layer whose attention also reads the injected context."""
+
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, past_key_values=None, **kwargs):
+        hidden_states = hidden_states + self.self_attn(
+            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, past_key_values, **kwargs
+        )
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class DFlashPreTrainedModel(PreTrainedModel):
+    config_class = DFlashConfig
+    config: DFlashConfig
+    base_model_prefix = "model"
+    main_input_name = "noise_embeds"
+    _hf_dflash_drafter = True  # duck-typed marker read by the generation routing
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["DFlashDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, DFlashDraftModel) and module.layer_fusion_weights is not None:
+            init.copy_(module.layer_fusion_weights, initial_fusion_weights(*module.layer_fusion_weights.shape))
+
+
+def initial_fusion_weights(num_layers: int, num_features: int) -> torch.Tensor:
+    """DFlare init: drafter layer d starts focused (logit 2.0) on feature floor(d / L * T), zeros elsewhere."""
+    weights = torch.zeros(num_layers, num_features)
+    for d in range(num_layers):
+        weights[d, (d * num_features) // num_layers] = 2.0
+    return weights
+
+
+class DFlashDraftModel(DFlashPreTrainedModel):
+    """
+    Block-diffusion drafter (DFlash; DFlare when `config.layer_fusion` / `config.split_context_kv` are set).
+
+    Weights use the z-lab names (`fc`, `hidden_norm`, `norm`, `layers.{i}.*`) that vLLM and SGLang read.
+
+    Example:
+        >>> import hf_dflash, torch
+        >>> from transformers import AutoModelForCausalLM
+        >>> target = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")  # doctest: +SKIP
+        >>> drafter = hf_dflash.DFlashDraftModel.from_target(target, num_hidden_layers=2, block_size=16)  # doctest: +SKIP
+        >>> out = target.generate(input_ids, assistant_model=drafter, max_new_tokens=64)  # doctest: +SKIP
+        >>> drafter.last_stats.mean_acceptance_length  # doctest: +SKIP
+    """
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__(config)
+        if config.target_layer_ids is None:
+            raise ValueError("DFlashConfig.target_layer_ids is required; use DFlashDraftModel.from_target(target).")
+        num_features = len(config.target_layer_ids)
+        if config.layer_fusion:
+            self.fc = None
+            self.layer_fusion_weights = nn.Parameter(initial_fusion_weights(config.num_hidden_layers, num_features))
+        else:
+            self.fc = nn.Linear(num_features * config.hidden_size, config.hidden_size, bias=False)
+            self.layer_fusion_weights = None
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.last_stats = None  # filled by every generate() call that uses this drafter
+        self.post_init()
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # forward
+    def project_context(self, context_hidden_states: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """Per drafter layer, the context it attends to: `hidden_norm(fc(features))` (DFlash, shared by all layers)
+        or `hidden_norm(softmax(w_d) . features)` (DFlare layer fusion, one per layer)."""
+        num_layers = len(self.layers)
+        if context_hidden_states is None or context_hidden_states.shape[1] == 0:
+            return [None] * num_layers
+        if self.fc is not None:
+            return [self.hidden_norm(self.fc(context_hidden_states))] * num_layers
+        batch, length, _ = context_hidden_states.shape
+        features = context_hidden_states.view(batch, length, len(self.config.target_layer_ids), -1)
+        mix = self.layer_fusion_weights.softmax(dim=-1).to(features.dtype)  # [L, T]
+        mixed = torch.einsum("bstd,lt->lbsd", features, mix)
+        return [self.hidden_norm(mixed[d]) for d in range(num_layers)]
+
+    def forward(
+        self,
+        noise_embeds: torch.Tensor,
+        context_hidden_states: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask=None,
+        past_key_values=None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        r"""
+        Args:
+            noise_embeds (`torch.Tensor` of shape `[batch, q_len, hidden]`):
+                Target embeddings of the block `[anchor, MASK, ...]` (or of many blocks at once in training).
+            context_hidden_states (`torch.Tensor` of shape `[batch, n_ctx, T * hidden]`, *optional*):
+                Target hidden states at `target_layer_ids` for the newly committed positions, concatenated.
+            position_ids (`torch.LongTensor` of shape `[batch, n_ctx + q_len]`, *optional*):
+                Absolute positions of the context tokens, then of the block tokens. Defaults to consecutive
+                positions after what `past_key_values` holds.
+            attention_mask (*optional*):
+                None (block sees everything: inference), a 2D padding mask over `[cached + n_ctx + q_len]` keys, or
+                a ready 4D boolean mask / flex-attention `BlockMask` (training: block-causal masks).
+            past_key_values (`Cache`, *optional*):
+                Cache of context K/V; the block's K/V are appended too, and the caller crops them afterwards.
+        Returns:
+            `BaseModelOutputWithPast` with `last_hidden_state` `[batch, q_len, hidden]` (before the target LM head).
+        """
+        batch, q_len = noise_embeds.shape[:2]
+        n_ctx = 0 if context_hidden_states is None else context_hidden_states.shape[1]
+        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past_len, past_len + n_ctx + q_len, device=noise_embeds.device)[None]
+        if context_hidden_states is not None:
+            context_hidden_states = context_hidden_states.to(noise_embeds.dtype)
+        contexts = self.project_context(context_hidden_states)
+        position_embeddings = self.rotary_emb(noise_embeds, position_ids)
+        attention_mask = expand_padding_mask(attention_mask, q_len)
+
+        hidden_states = noise_embeds
+        for layer, context in zip(self.layers, contexts):
+            if self.gradient_checkpointing and self.training:
+                hidden_states = self._gradient_checkpointing_func(
+                    layer.__call__, hidden_states, context, position_embeddings, attention_mask, None
+                )
+            else:
+                hidden_states = layer(
+                    hidden_states, context, position_embeddings, attention_mask, past_key_values, **kwargs
+                )
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # construction, loading, saving
+    @classmethod
+    def from_target(
+        cls,
+        target: PreTrainedModel,
+        num_hidden_layers: int = 1,
+        block_size: int = 16,
+        target_layer_ids: list[int] | None = None,
+        mask_token_id: int | None = None,
+        **config_overrides,
+    ) -> "DFlashDraftModel":
+        """A freshly initialised drafter sized for `target`.
+
+        Copies hidden size, heads, head dim, MLP width, RoPE, vocab and bos/eos/pad ids from the target. Layer ids
+        default to the z-lab rule (one feature per drafter layer). Without `mask_token_id`, the last row of the
+        target's embedding table is used (Qwen3 and many others pad their table, so it is an untrained row) and
+        recorded in the config.
+
+        Example:
+            >>> drafter = DFlashDraftModel.from_target(target, num_hidden_layers=2, block_size=8)  # doctest: +SKIP
+        """
+        text = target.config.get_text_config()
+        num_target_layers = text.num_hidden_layers
+        if block_size < 2:
+            raise ValueError(f"block_size={block_size} drafts nothing; use block_size >= 2 (16 is the default).")
+        if target_layer_ids is None:
+            target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
+        embedding_rows = target.get_input_embeddings().weight.shape[0]
+        if mask_token_id is None:
+            mask_token_id = embedding_rows - 1
+            logger.info(f"Using token id {mask_token_id} (last embedding row) as the DFlash mask token.")
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        rope = dict(getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+        fields = dict(
+            hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+            head_dim=head_dim,
+            hidden_act=getattr(text, "hidden_act", "silu"),
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_parameters=rope,
+            max_position_embeddings=text.max_position_embeddings,
+            vocab_size=text.vocab_size,
+            bos_token_id=text.bos_token_id,
+            eos_token_id=text.eos_token_id,
+            pad_token_id=text.pad_token_id,
+            tie_word_embeddings=False,
+            num_hidden_layers=num_hidden_layers,
+            block_size=block_size,
+            target_layer_ids=list(target_layer_ids),
+            mask_token_id=int(mask_token_id),
+            num_target_layers=num_target_layers,
+            dtype=str(target.dtype).removeprefix("torch."),
+        )
+        fields.update(config_overrides)
+        config = DFlashConfig(**fields)
+        drafter = cls(config).to(device=target.device, dtype=target.dtype)
+        check_drafter_matches_target(target, drafter)
+        return drafter
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a DFlash/DFlare drafter (ours, z-lab's, AngelSlim's), refusing other architectures clearly.
+
+        Example:
+            >>> drafter = DFlashDraftModel.from_pretrained("z-lab/Qwen3-8B-DFlash-b16")  # doctest: +SKIP
+        """
+        if kwargs.get("config") is None:
+            config_file = _local_or_cached_config(pretrained_model_name_or_path, kwargs)
+            if config_file is not None:
+                with open(config_file, encoding="utf-8") as f:
+                    validate_architecture(json.load(f))
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save weights (safetensors), config.json, the remote-code files (`auto_map`) and a README model card."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        template = Path(__file__).with_name("MODEL_CARD.md")
+        readme = Path(save_directory) / "README.md"
+        if template.exists() and (kwargs.get("is_main_process", True)):
+            from .model_card import render_model_card  # installed package only: not part of the payload
+
+            readme.write_text(render_model_card(self, template.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+def expand_padding_mask(attention_mask, q_len: int):
+    """None stays None; a 2D key-padding mask [b, kv] becomes a boolean [b, 1, q_len, kv]; 4D masks pass through."""
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        return attention_mask
+    if bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
+
+
+def _local_or_cached_config(name_or_path, kwargs) -> str | None:
+    """Path of config.json in a local folder or the HF cache, without network access."""
+    if os.path.isdir(str(name_or_path)):
+        path = os.path.join(str(name_or_path), kwargs.get("subfolder", "") or "", "config.json")
+        return path if os.path.isfile(path) else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return hf_hub_download(
+            str(name_or_path),
+            "config.json",
+            revision=kwargs.get("revision"),
+            cache_dir=kwargs.get("cache_dir"),
+            token=kwargs.get("token"),
+            local_files_only=kwargs.get("local_files_only", False),
+        )
+    except Exception:  # the real loading below reports missing repos/files with HF's own messages
+        return None
+
+
+DFlashDraftModel.register_for_auto_class("AutoModel")
+DFlashConfig.register_for_auto_class("AutoConfig")
+
+# When hf_dflash is installed, a remote-code copy of this module hands back the installed class (see config module).
+if not __name__.startswith("hf_dflash."):
+    try:
+        from hf_dflash.modeling_dflash import DFlashDraftModel  # noqa: F811
+    except ImportError:
+        pass
