@@ -11,6 +11,7 @@ the target's hidden states at ``target_layer_ids`` ("KV injection") and to the b
 
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from transformers.utils import logging
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids, validate_architecture
 from .generation_dflash import check_drafter_matches_target
+from .model_card import render_model_card
 
 
 logger = logging.get_logger(__name__)
@@ -303,6 +305,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             mask_token_id=int(mask_token_id),
             num_target_layers=num_target_layers,
             dtype=str(target.dtype).removeprefix("torch."),
+            target_name_or_path=getattr(target, "name_or_path", None) or None,
         )
         fields.update(config_overrides)
         config = DFlashConfig(**fields)
@@ -322,17 +325,71 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             if config_file is not None:
                 with open(config_file, encoding="utf-8") as f:
                     validate_architecture(json.load(f))
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        want_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        except RuntimeError as error:  # size mismatch: the weights do not fit the config
+            raise ValueError(
+                f"Broken DFlash checkpoint {pretrained_model_name_or_path!s}: weight shapes do not match its "
+                f"config.json ({error}). Re-save the drafter with save_pretrained, or fix config.json."
+            ) from error
+        missing = sorted(k for k in info["missing_keys"] if not k.startswith("rotary_emb"))
+        if missing:
+            raise ValueError(
+                f"Broken DFlash checkpoint {pretrained_model_name_or_path!s}: weights missing for {missing[:8]}"
+                f"{' ...' if len(missing) > 8 else ''} (expected z-lab names: fc, hidden_norm, norm, layers.N.*). "
+                "Re-save the drafter with save_pretrained, or rename the weights to the z-lab names."
+            )
+        return (model, info) if want_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save weights (safetensors), config.json, the remote-code files (`auto_map`) and a README model card."""
-        super().save_pretrained(save_directory, *args, **kwargs)
-        template = Path(__file__).with_name("MODEL_CARD.md")
-        readme = Path(save_directory) / "README.md"
-        if template.exists() and (kwargs.get("is_main_process", True)):
-            from .model_card import render_model_card  # installed package only: not part of the payload
+        """Save safetensors weights (z-lab names), config.json with `auto_map`, the flat remote-code files, and a
+        README.md model card filled from the MODEL_CARD.md template (target, block size, layer ids, data, tau).
 
-            readme.write_text(render_model_card(self, template.read_text(encoding="utf-8")), encoding="utf-8")
+        Example:
+            >>> drafter.save_pretrained("my-drafter")  # doctest: +SKIP
+            >>> drafter.push_to_hub("me/my-drafter")  # same files, uploaded  # doctest: +SKIP
+        """
+        super().save_pretrained(save_directory, *args, **kwargs)
+        template = Path(__file__).with_name("MODEL_CARD.md")  # ships with the installed package only
+        if template.exists() and kwargs.get("is_main_process", True):
+            card = render_model_card(self, template.read_text(encoding="utf-8"), str(save_directory))
+            (Path(save_directory) / "README.md").write_text(card, encoding="utf-8")
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        commit_message: str = "Upload DFlash drafter",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        **kwargs,
+    ):
+        """Upload exactly what `save_pretrained` writes (weights, config, remote code, our model card).
+
+        transformers' own push_to_hub would replace README.md with a generic card, hence this override.
+
+        Example:
+            >>> drafter.push_to_hub("me/my-drafter")  # doctest: +SKIP
+            >>> AutoModel.from_pretrained("me/my-drafter", trust_remote_code=True)  # doctest: +SKIP
+        """
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        self.hub_repo_id = repo_id  # the model card's usage snippets name the repository
+        with tempfile.TemporaryDirectory() as folder:
+            self.save_pretrained(folder)
+            return api.upload_folder(
+                repo_id=repo_id,
+                folder_path=folder,
+                commit_message=commit_message,
+                revision=revision,
+                create_pr=create_pr,
+            )
 
 
 def expand_padding_mask(attention_mask, q_len: int):

@@ -1,0 +1,49 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Model card (README.md) written next to every saved drafter, from the MODEL_CARD.md template.
+
+Part of the remote-code payload (standard library only); the template itself ships with the installed package.
+"""
+
+import json
+import os
+from collections import defaultdict
+
+
+def model_card_fields(drafter, save_directory: str | None = None) -> dict:
+    """Template fields from the drafter config and its training info (`drafter.training_info` or
+    `training_info.json` next to the weights). Unknown values read "unknown"."""
+    config = drafter.config
+    info = dict(getattr(drafter, "training_info", None) or {})
+    info_file = os.path.join(save_directory, "training_info.json") if save_directory else None
+    if not info and info_file and os.path.isfile(info_file):
+        with open(info_file, encoding="utf-8") as f:
+            info = json.load(f)
+    variant = "DFlare" if getattr(config, "is_dflare", False) else "DFlash"
+    target = info.get("target") or getattr(config, "target_name_or_path", None) or "unknown"
+    repo_id = getattr(drafter, "hub_repo_id", None) or info.get("repo_id") or (os.path.basename(os.path.normpath(save_directory)) if save_directory else "")
+    tau = info.get("tau")
+    return {
+        "title": f"{variant} drafter for {target}",
+        "variant": variant,
+        "variant_tag": variant.lower(),
+        "engine_method": variant.lower(),
+        "target": target,
+        "repo_id": repo_id or "path/to/this/drafter",
+        "license": info.get("license", "apache-2.0"),
+        "block_size": config.block_size,
+        "block_size_minus_one": config.block_size - 1,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_target_layers": config.num_target_layers,
+        "target_layer_ids": list(config.target_layer_ids),
+        "mask_token_id": config.mask_token_id,
+        "dataset": info.get("dataset", "unknown"),
+        "num_samples": info.get("num_samples", "unknown"),
+        "epochs": info.get("epochs", "unknown"),
+        "tau": f"{tau:.2f}" if isinstance(tau, (int, float)) else "not measured",
+    }
+
+
+def render_model_card(drafter, template: str, save_directory: str | None = None) -> str:
+    """Fill `template` ({field} placeholders; {{ }} for literal braces)."""
+    fields = defaultdict(lambda: "unknown", model_card_fields(drafter, save_directory))
+    return template.format_map(fields)

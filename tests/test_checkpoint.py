@@ -1,0 +1,258 @@
+"""Checkpoint format: z-lab layout on disk, both published config layouts, remote code, Hub resolution offline."""
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel, Qwen3Config, Qwen3ForCausalLM
+
+import hf_dflash
+from hf_dflash import DFlashDraftModel
+
+
+def tiny_target(seed: int = 0) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=0, eos_token_id=None,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A target folder and a saved 2-layer drafter folder for it."""
+    root = tmp_path_factory.mktemp("ckpt")
+    target = tiny_target()
+    target.save_pretrained(root / "target")
+    torch.manual_seed(1)
+    drafter = DFlashDraftModel.from_target(target, num_hidden_layers=2, block_size=8).eval()
+    drafter.training_info = {"target": "tiny/qwen3", "dataset": "unit-test prompts", "tau": 3.25}
+    drafter.save_pretrained(root / "drafter")
+    return target, drafter, root
+
+
+def greedy(target, drafter=None, seed=3, new=24):
+    ids = torch.randint(0, 96, (1, 11), generator=torch.Generator().manual_seed(seed))
+    return target.generate(ids, max_new_tokens=new, do_sample=False, assistant_model=drafter)
+
+
+def test_saved_folder_is_the_zlab_layout(saved):
+    target, drafter, root = saved
+    folder = root / "drafter"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["model_type"] == "qwen3"
+    assert config["block_size"] == 8 and config["num_target_layers"] == 6
+    assert config["dflash_config"]["mask_token_id"] == drafter.config.mask_token_id
+    assert config["dflash_config"]["target_layer_ids"] == drafter.config.target_layer_ids
+    assert config["auto_map"]["AutoModel"] == "modeling_dflash.DFlashDraftModel"
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "rms_norm_eps", "vocab_size", "num_hidden_layers", "layer_types"):
+        assert key in config, key
+    assert not list(folder.glob("*.bin")) and not list(folder.glob("*.pt"))
+    weights = load_file(folder / "model.safetensors")
+    per_layer = {
+        "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+        "mlp.down_proj.weight", *(f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                     "q_norm", "k_norm")),
+    }
+    expected = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
+        f"layers.{i}.{name}" for i in range(2) for name in per_layer
+    }
+    assert set(weights) == expected
+    num_features = len(drafter.config.target_layer_ids)
+    assert weights["fc.weight"].shape == (64, num_features * 64)
+    assert weights["layers.0.self_attn.q_norm.weight"].shape == (16,)
+
+
+def test_remote_code_payload_is_flat_and_imports_only_torch_and_transformers(saved):
+    folder = saved[2] / "drafter"
+    payload = sorted(p.name for p in folder.glob("*.py"))
+    assert {"configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py"} <= set(payload)
+    allowed = {"torch", "transformers", "huggingface_hub", "hf_dflash"} | set(sys.stdlib_module_names)
+    for name in payload:
+        tree = ast.parse((folder / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert (folder / f"{node.module}.py").exists(), f"{name} imports missing sibling {node.module}"
+                assert "." not in node.module, f"{name}: nested relative import {node.module}"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                for module in modules:
+                    assert module.split(".")[0] in allowed, f"{name} imports {module}"
+
+
+def test_model_card_names_target_block_layers_data_and_tau(saved):
+    drafter, root = saved[1], saved[2]
+    card = (root / "drafter" / "README.md").read_text()
+    assert "tiny/qwen3" in card and "unit-test prompts" in card and "3.25" in card
+    assert str(drafter.config.target_layer_ids) in card and "| block size | 8 |" in card
+    assert "{" not in card.split("```")[0].split("---", 2)[-1]  # every placeholder filled
+
+
+def test_round_trip_keeps_weights_and_output(saved):
+    target, drafter, root = saved
+    loaded = DFlashDraftModel.from_pretrained(root / "drafter").eval()
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    assert torch.equal(greedy(target, loaded), greedy(target))
+    assert loaded.last_stats.acceptance_lengths == (greedy(target, drafter), drafter.last_stats)[1].acceptance_lengths
+
+
+def write_zlab_checkpoint(source: Path, dest: Path, newer_layout: bool) -> None:
+    """Rewrite our saved folder the way z-lab publishes drafters (older or newer config layout)."""
+    dest.mkdir(parents=True)
+    ours = json.loads((source / "config.json").read_text())
+    config = {k: v for k, v in ours.items() if k not in ("auto_map", "dflash_config", "rope_parameters",
+                                                          "block_size", "num_target_layers")}
+    nested = {k: ours["dflash_config"][k] for k in ("mask_token_id", "target_layer_ids")}
+    config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    config["dtype"] = "float32"
+    if newer_layout:
+        nested.update(block_size=ours["block_size"], num_target_layers=ours["num_target_layers"])
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": ours["rope_parameters"]["rope_theta"]}
+    else:
+        config.update(block_size=ours["block_size"], num_target_layers=ours["num_target_layers"])
+        config["rope_theta"] = ours["rope_parameters"]["rope_theta"]
+    config["dflash_config"] = nested
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(load_file(source / "model.safetensors"), dest / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("newer_layout", [False, True], ids=["older-top-level-block-size", "newer-nested"])
+def test_loads_published_zlab_layouts_without_remote_code(saved, tmp_path, newer_layout):
+    target, drafter, root = saved
+    write_zlab_checkpoint(root / "drafter", tmp_path / "zlab", newer_layout)
+    loaded = DFlashDraftModel.from_pretrained(tmp_path / "zlab").eval()
+    assert loaded.config.block_size == 8
+    assert loaded.config.num_target_layers == 6
+    assert loaded.config.target_layer_ids == drafter.config.target_layer_ids
+    assert loaded.config.mask_token_id == drafter.config.mask_token_id
+    assert loaded.config.rope_parameters["rope_theta"] == drafter.config.rope_parameters["rope_theta"]
+    assert torch.equal(greedy(target, loaded), greedy(target))
+    assert loaded.last_stats.acceptance_lengths == (greedy(target, drafter), drafter.last_stats)[1].acceptance_lengths
+
+
+def test_automodel_with_hf_dflash_installed_gives_installed_classes(saved):
+    loaded = AutoModel.from_pretrained(saved[2] / "drafter", trust_remote_code=True)
+    assert type(loaded) is DFlashDraftModel
+    assert type(loaded.config) is hf_dflash.DFlashConfig
+
+
+def run_without_hf_dflash(code: str, env_extra: dict | None = None) -> str:
+    """Run `code` in a fresh interpreter where `import hf_dflash` fails (as on a machine without it)."""
+    prelude = "import sys\nsys.modules['hf_dflash'] = None  # not installed\n"
+    env = {**os.environ, **(env_extra or {})}
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+REMOTE_GENERATE = """
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+    target = AutoModelForCausalLM.from_pretrained({target!r}).eval()
+    drafter = AutoModel.from_pretrained({drafter!r}, trust_remote_code=True).eval()
+    assert type(drafter).__module__.startswith("transformers_modules"), type(drafter).__module__
+    ids = torch.randint(0, 96, (1, 11), generator=torch.Generator().manual_seed(3))
+    plain = target.generate(ids, max_new_tokens=24, do_sample=False)
+    fast = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=drafter)
+    assert torch.equal(plain, fast), (plain, fast)
+    assert len(drafter.last_stats.acceptance_lengths) > 0
+    print("REMOTE-OK", drafter.last_stats.mean_acceptance_length)
+"""
+
+
+def test_trust_remote_code_works_without_hf_dflash(saved, tmp_path):
+    root = saved[2]
+    code = REMOTE_GENERATE.format(target=str(root / "target"), drafter=str(root / "drafter"))
+    out = run_without_hf_dflash(code, {"HF_MODULES_CACHE": str(tmp_path / "modules")})
+    assert "REMOTE-OK" in out
+
+
+def place_in_hub_cache(folder: Path, cache: Path, repo_id: str) -> None:
+    """Lay out `folder` as a downloaded snapshot of `repo_id` in a Hugging Face cache."""
+    repo_dir = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(folder, repo_dir / "snapshots" / commit)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+
+
+def test_push_to_hub_and_load_by_repo_id_offline(saved, tmp_path, monkeypatch):
+    """push_to_hub uploads what save_pretrained writes; the repo then resolves from the cache offline."""
+    import huggingface_hub
+
+    target, drafter, root = saved
+    uploaded = tmp_path / "uploaded"
+
+    class FakeRepo:
+        repo_id = "me/my-drafter"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: FakeRepo())
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "upload_folder",
+        lambda self, repo_id, folder_path, **kw: shutil.copytree(folder_path, uploaded),
+    )
+    drafter.push_to_hub("me/my-drafter")
+    assert (uploaded / "model.safetensors").exists() and (uploaded / "modeling_dflash.py").exists()
+    assert "me/my-drafter" in (uploaded / "README.md").read_text()
+
+    cache = tmp_path / "hub"
+    place_in_hub_cache(uploaded, cache, "me/my-drafter")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = f"""
+        import os
+        import hf_dflash
+        from transformers import AutoModel
+        d = hf_dflash.DFlashDraftModel.from_pretrained("me/my-drafter", cache_dir={str(cache)!r})
+        a = AutoModel.from_pretrained("me/my-drafter", cache_dir={str(cache)!r}, trust_remote_code=True)
+        assert type(a) is hf_dflash.DFlashDraftModel
+        print("HUB-OK", d.config.block_size)
+    """
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "HUB-OK 8" in result.stdout
+
+    remote = REMOTE_GENERATE.format(target=str(root / "target"), drafter="me/my-drafter").replace(
+        "trust_remote_code=True", f"trust_remote_code=True, cache_dir={str(cache)!r}"
+    )
+    out = run_without_hf_dflash(remote, {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules2")})
+    assert "REMOTE-OK" in out
+
+
+def test_broken_checkpoints_raise_clear_errors(saved, tmp_path):
+    source = saved[2] / "drafter"
+    weights = load_file(source / "model.safetensors")
+
+    missing = tmp_path / "missing"
+    shutil.copytree(source, missing)
+    save_file({k: v for k, v in weights.items() if k != "layers.1.mlp.up_proj.weight"}, missing / "model.safetensors")
+    with pytest.raises(ValueError, match=r"layers\.1\.mlp\.up_proj\.weight.*save_pretrained"):
+        DFlashDraftModel.from_pretrained(missing)
+
+    wrong_shape = tmp_path / "wrong_shape"
+    shutil.copytree(source, wrong_shape)
+    save_file({**weights, "fc.weight": torch.zeros(64, 64)}, wrong_shape / "model.safetensors")
+    with pytest.raises(ValueError, match="weight shapes do not match"):
+        DFlashDraftModel.from_pretrained(wrong_shape)
+
+    not_dflash = tmp_path / "dflash2"
+    shutil.copytree(source, not_dflash)
+    config = json.loads((not_dflash / "config.json").read_text())
+    config["architectures"] = ["DFlash2DraftModel"]
+    (not_dflash / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="DFlash2DraftModel"):
+        DFlashDraftModel.from_pretrained(not_dflash)
