@@ -103,6 +103,10 @@ class DFlashConfig(Qwen3Config):
             "block_size": output["block_size"],  # both places: old readers look at the top level
         }
         output["dflash_config"] = nested
+        # Readers built on transformers 4.x (older vLLM/SGLang) look for a top-level rope_theta.
+        rope = output.get("rope_parameters") or {}
+        if "rope_theta" in rope:
+            output.setdefault("rope_theta", rope["rope_theta"])
         output["architectures"] = [DFLARE_ARCHITECTURE if self.is_dflare else DFLASH_ARCHITECTURE]
         # Plain DFlash checkpoints stay byte-compatible with the z-lab layout: variant switches only when set.
         for key in ("layer_fusion", "split_context_kv"):
