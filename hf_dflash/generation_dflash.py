@@ -125,7 +125,8 @@ def check_drafter_matches_target(target, drafter) -> None:
 def check_generate_call(target, drafter, args: tuple, kwargs: dict) -> None:
     """Validate a ``generate(assistant_model=drafter, ...)`` call before any work is done."""
     check_drafter_matches_target(target, drafter)
-    generation_config, _ = target._prepare_generation_config(kwargs.get("generation_config"), **{
+    base_config = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
+    generation_config, _ = target._prepare_generation_config(base_config, **{
         k: v for k, v in kwargs.items() if k != "generation_config"
     })
     if generation_config.num_beams is not None and generation_config.num_beams > 1:
@@ -135,8 +136,8 @@ def check_generate_call(target, drafter, args: tuple, kwargs: dict) -> None:
         )
     if generation_config.num_return_sequences is not None and generation_config.num_return_sequences > 1:
         raise ValueError(
-            f"num_return_sequences={generation_config.num_return_sequences} with a DFlash drafter is not supported: "
-            "call generate once per sequence, or drop assistant_model."
+            f"num_return_sequences={generation_config.num_return_sequences} with a DFlash drafter: only "
+            "num_return_sequences=1 is supported. Call generate once per sequence, or drop assistant_model."
         )
     inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids", kwargs.get("inputs_embeds")))
     batch = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else 1
@@ -151,15 +152,27 @@ def check_generate_call(target, drafter, args: tuple, kwargs: dict) -> None:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # logits processing over a block
+def _behaves_as(processor, classes) -> bool:
+    # A subclass that overrides __call__ may read the history differently: only the known __call__ qualifies.
+    return any(isinstance(processor, cls) and type(processor).__call__ is cls.__call__ for cls in classes)
+
+
 def _ids_independent(processor) -> bool:
-    return isinstance(processor, POSITION_INDEPENDENT_PROCESSORS)
+    return _behaves_as(processor, POSITION_INDEPENDENT_PROCESSORS)
 
 
-def _set_dependent(processor) -> bool:
-    # Depends only on WHICH tokens are in the history, so rows may be padded with a token already present.
-    return isinstance(processor, lp.RepetitionPenaltyLogitsProcessor) and not isinstance(
-        processor.prompt_ignore_length, torch.Tensor
-    )
+def _set_dependent(processor, history_length: int | None = None) -> bool:
+    """Depends only on WHICH tokens are in the history, so rows may be padded with a token already present.
+
+    With an int ``prompt_ignore_length`` the padding token (the last committed one, at ``history_length - 1``) must
+    lie in the part of the history the processor reads.
+    """
+    if not _behaves_as(processor, (lp.RepetitionPenaltyLogitsProcessor,)):
+        return False
+    ignore = processor.prompt_ignore_length
+    if isinstance(ignore, torch.Tensor):
+        return False
+    return ignore is None or history_length is None or ignore < history_length
 
 
 def processed_verify_scores(processors, input_ids, drafts, logits):
@@ -172,7 +185,7 @@ def processed_verify_scores(processors, input_ids, drafts, logits):
         return logits
     rows, cur = logits.shape[1], input_ids.shape[1]
     full = torch.cat([input_ids, drafts], dim=1)
-    if all(_ids_independent(p) or _set_dependent(p) for p in processors):
+    if all(_ids_independent(p) or _set_dependent(p, cur) for p in processors):
         histories = full[:, : cur + rows - 1].expand(rows, -1).clone()
         tail = histories[:, cur:]
         # Row i must not see drafts i..: overwrite them with the anchor, which every row's history already holds.
@@ -229,8 +242,9 @@ class DFlashCandidateGenerator(CandidateGenerator):
     draft_scores are the processed drafter logits the drafts were chosen from (q = softmax(draft_scores)).
     """
 
-    def __init__(self, drafter, target, generation_config, logits_processor=None):
+    def __init__(self, drafter, target, generation_config, logits_processor=None, padding: int = 0):
         self.drafter = drafter
+        self.padding = padding  # leading (left) padding tokens of input_ids: not part of the target's sequence
         self.input_embeddings = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         self.block_size = drafter.config.block_size
@@ -244,7 +258,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
 
     def get_candidates(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
         num_drafts = self.block_size - 1 if num_drafts is None else num_drafts
-        anchor_pos = input_ids.shape[1] - 1
+        anchor_pos = input_ids.shape[1] - 1 - self.padding
         device = self.drafter.device
         if self.context_length + context_hidden_states.shape[1] != anchor_pos:
             raise RuntimeError(
@@ -268,10 +282,17 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return torch.cat([input_ids, drafts], dim=1), scores
 
     def _choose(self, input_ids, logits):
-        """Pick draft tokens; vectorised unless a processor depends on the drafts chosen before it."""
+        """Pick draft tokens; vectorised unless a processor depends on the drafts chosen before it.
+
+        Processors that read only which tokens occur (repetition penalty) see the committed history in every row:
+        drafts are only a proposal (the target re-scores each position with its exact history), so this can change
+        the acceptance rate, never the output.
+        """
         processors = self.logits_processor
-        if len(processors) == 0 or all(_ids_independent(p) for p in processors):
-            scores = processors(input_ids.expand(logits.shape[1], -1), logits[0]).unsqueeze(0) if processors else logits
+        if len(processors) == 0 or logits.shape[1] == 0:
+            return select_tokens(logits, self.do_sample), logits
+        if all(_ids_independent(p) or _set_dependent(p) for p in processors):
+            scores = processors(input_ids.expand(logits.shape[1], -1), logits[0].clone()).unsqueeze(0)
             return select_tokens(scores, self.do_sample), scores
         scores, ids = torch.empty_like(logits), input_ids
         for i in range(logits.shape[1]):
@@ -315,9 +336,12 @@ class _OutputRecorder:
 
 
 def _first_stop(stopping_criteria, input_ids, start: int, scores) -> int | None:
-    """Index (relative to `start`) of the first new token after which generation must stop, else None."""
+    """Index (relative to `start`) of the first new token after which generation must stop, else None.
+
+    `scores` [1, n, V] holds the processed scores each new token was chosen from (row i for token start + i).
+    """
     for i in range(start, input_ids.shape[1]):
-        if bool(stopping_criteria(input_ids[:, : i + 1], scores).any()):
+        if bool(stopping_criteria(input_ids[:, : i + 1], scores[:, i - start]).any()):
             return i - start
     return None
 
@@ -344,9 +368,10 @@ def dflash_decoding(
     recorder = _OutputRecorder(config)
     do_sample = bool(config.do_sample)
 
-    # Leading padding of a single prompt changes nothing for the target: drop it, put it back at the end.
+    # Leading padding of a single prompt changes nothing for the target: the target and the drafter never see it
+    # (positions start at 0 after it, as with generate's own position ids), while logits processors, stopping
+    # criteria and max_length see the whole sequence, as they do in plain generate.
     padding = _leading_padding(model_kwargs.get("attention_mask"))
-    prefix_pad, input_ids = input_ids[:, :padding], input_ids[:, padding:]
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         cache = DynamicCache(config=target.config)
@@ -354,15 +379,15 @@ def dflash_decoding(
         raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()  # lets sliding-window layers be cropped back
-    generator = DFlashCandidateGenerator(drafter, target, config, logits_processor)
+    generator = DFlashCandidateGenerator(drafter, target, config, logits_processor, padding=padding)
     forward_kwargs = dict(past_key_values=cache, use_cache=True, output_hidden_states=want_hidden)
     if config.output_attentions:
         forward_kwargs["output_attentions"] = True
 
     # 1. prefill: the first new token comes from the target alone
     prompt_len = input_ids.shape[1]
-    positions = torch.arange(prompt_len, device=input_ids.device)[None]
-    outputs = target(input_ids=input_ids, position_ids=positions, logits_to_keep=1, **forward_kwargs)
+    positions = torch.arange(prompt_len - padding, device=input_ids.device)[None]
+    outputs = target(input_ids=input_ids[:, padding:], position_ids=positions, logits_to_keep=1, **forward_kwargs)
     raw = outputs.logits[:, -1:].float()
     processed = logits_processor(input_ids, raw[:, 0].clone())[:, None] if len(logits_processor) else raw
     token = select_tokens(processed, do_sample)
@@ -372,15 +397,19 @@ def dflash_decoding(
     stats.prefill_seconds = time.perf_counter() - start_time
     if streamer is not None:
         streamer.put(token.cpu())
-    finished = _first_stop(stopping_criteria, input_ids, input_ids.shape[1] - 1, recorder.scores) is not None
+    finished = _first_stop(stopping_criteria, input_ids, input_ids.shape[1] - 1, processed) is not None
 
     while not finished:
-        # 2. draft
+        # 2. draft (nothing to draft when only one token is left before max_length: a plain decoding step)
         cur = input_ids.shape[1]
         num_drafts = min(drafter.config.block_size - 1, config.max_length - cur - 1)
         tic = time.perf_counter()
-        candidates, draft_scores = generator.get_candidates(input_ids, features, num_drafts)
-        drafts = candidates[:, cur:]
+        if num_drafts > 0:
+            candidates, draft_scores = generator.get_candidates(input_ids, features, num_drafts)
+            drafts = candidates[:, cur:]
+        else:
+            drafts = input_ids.new_empty((1, 0))
+            draft_scores = None
         stats.draft_seconds += time.perf_counter() - tic
 
         # 3. verify [anchor, drafts] in one target forward (padded to a GEMM-friendly row count on CPU)
@@ -389,12 +418,15 @@ def dflash_decoding(
         verify_ids = torch.cat([input_ids[:, -1:], drafts], dim=1)
         if rows > verify_ids.shape[1]:
             verify_ids = torch.cat([verify_ids, verify_ids[:, -1:].expand(-1, rows - verify_ids.shape[1])], dim=1)
-        positions = torch.arange(cur - 1, cur - 1 + rows, device=input_ids.device)[None]
+        anchor_pos = cur - 1 - padding
+        positions = torch.arange(anchor_pos, anchor_pos + rows, device=input_ids.device)[None]
         outputs = target(input_ids=verify_ids, position_ids=positions, logits_to_keep=0, **forward_kwargs)
         raw = outputs.logits[:, : num_drafts + 1].float()
         processed = processed_verify_scores(logits_processor, input_ids, drafts, raw)
-        if do_sample:
+        if do_sample and num_drafts > 0:
             n, new_tokens = speculative_accept(drafts, draft_scores.softmax(-1), processed.softmax(-1))
+        elif do_sample:
+            n, new_tokens = 0, select_tokens(processed, True)
         else:
             choice = processed.argmax(dim=-1)
             n = int((drafts != choice[:, :num_drafts]).cumsum(dim=1).eq(0).sum())
@@ -404,10 +436,10 @@ def dflash_decoding(
 
         # 4. commit, stopping exactly where plain generate would (EOS, max length, stop strings inside the block)
         input_ids = torch.cat([input_ids, new_tokens], dim=1)
-        stop = _first_stop(stopping_criteria, input_ids, cur, None)
+        stop = _first_stop(stopping_criteria, input_ids, cur, processed)
         if stop is not None:
             input_ids, new_tokens, finished = input_ids[:, : cur + stop + 1], new_tokens[:, : stop + 1], True
-        recorder.add(outputs, raw, processed, new_tokens.shape[1], prefill=False, kv_length=cur - 1)
+        recorder.add(outputs, raw, processed, new_tokens.shape[1], prefill=False, kv_length=anchor_pos)
         if streamer is not None:
             streamer.put(new_tokens[0].cpu())
         cache.crop(-(rows - n - 1))  # keep anchor + accepted drafts
@@ -415,7 +447,7 @@ def dflash_decoding(
 
     if streamer is not None:
         streamer.end()
-    sequences = torch.cat([prefix_pad, input_ids], dim=1)
+    sequences = input_ids
     stats.new_tokens = input_ids.shape[1] - prompt_len
     stats.total_seconds = time.perf_counter() - start_time
     if not config.return_dict_in_generate:

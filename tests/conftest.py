@@ -1,0 +1,216 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Shared fixtures: tiny random targets, drafters, scripted ("oracle") drafters and a tiny tokenizer.
+
+Everything is fp32, eval mode, seeded and built from configs (no downloads). Tests run on one torch thread (override
+with HF_DFLASH_TEST_THREADS): the CI machine is small and shared, and tiny models are ~10x faster single-threaded
+there. Hypothesis uses a derandomized profile; HYPOTHESIS_PROFILE=explore draws fresh examples.
+"""
+
+import contextlib
+import functools
+import os
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers.generation.streamers import BaseStreamer
+
+import hf_dflash
+from hf_dflash.generation_dflash import DFlashCandidateGenerator
+
+
+torch.set_num_threads(int(os.environ.get("HF_DFLASH_TEST_THREADS", "1")))
+
+settings.register_profile(
+    "default", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))  # "explore": fresh random examples
+
+VOCAB = 96
+ARCHS = ("qwen3", "llama")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# models
+def make_target(
+    arch: str = "qwen3",
+    vocab_size: int = VOCAB,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 4,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int | None = None,
+    initializer_range: float = 0.05,
+    seed: int = 0,
+    **overrides,
+):
+    """A tiny random causal LM (Qwen3 or Llama), fp32, eval mode, reproducible from `seed`."""
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=hidden_size // num_attention_heads,
+        max_position_embeddings=512,
+        initializer_range=initializer_range,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    fields.update(overrides)
+    config_class, model_class = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[
+        arch
+    ]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**fields)).float().eval()
+    model.requires_grad_(False)
+    return model
+
+
+def make_drafter(target, block_size: int = 8, num_hidden_layers: int = 1, seed: int = 1, **overrides):
+    """An untrained DFlash drafter sized for `target` (random proposals)."""
+    torch.manual_seed(seed)
+    drafter = hf_dflash.DFlashDraftModel.from_target(
+        target, num_hidden_layers=num_hidden_layers, block_size=block_size, **overrides
+    ).eval()
+    drafter.requires_grad_(False)
+    return drafter
+
+
+@functools.lru_cache(maxsize=64)
+def cached_target(arch: str, **kwargs):
+    return make_target(arch, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def qwen3_target():
+    return cached_target("qwen3")
+
+
+@pytest.fixture(scope="session")
+def llama_target():
+    return cached_target("llama")
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def target(request):
+    return cached_target(request.param)
+
+
+def make_prompt(length: int, vocab_size: int = VOCAB, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab_size, (1, length), generator=g)
+
+
+def plain_generate(target, input_ids, **kwargs):
+    """Reference: the target alone (no assistant)."""
+    kwargs.setdefault("do_sample", False)
+    return target.generate(input_ids, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# scripted drafters: the oracle proposes the target's own greedy continuation, the noisy oracle corrupts some of it
+@contextlib.contextmanager
+def scripted_drafts(continuation, corrupt: float = 0.0, seed: int = 0, vocab_size: int | None = None):
+    """Inside the block, every DFlash drafter proposes `continuation` (the new tokens of a reference run).
+
+    The real drafter still runs (its cache and bookkeeping stay exercised); its proposals are then replaced by the
+    reference tokens at the same new-token positions (beyond the reference: the drafter's own). With `corrupt` > 0,
+    each proposed position is replaced by a different token with that probability (seeded). Draft scores become a
+    point mass on the proposed token, so the proposal distribution q stays exact for speculative sampling too.
+
+    Yields a list that receives one entry per drafting call: the proposed draft tokens (list of ints).
+    """
+    continuation = [int(t) for t in torch.as_tensor(continuation).reshape(-1)]
+    rng = random.Random(seed)
+    original = DFlashCandidateGenerator.get_candidates
+    proposals = []
+
+    def get_candidates(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
+        candidates, scores = original(self, input_ids, context_hidden_states, num_drafts, **kwargs)
+        cur = input_ids.shape[1]
+        if not hasattr(self, "_script_start"):
+            self._script_start = cur - 1  # first call comes right after the prefill token
+        drafts = candidates[0, cur:].clone()
+        vocab = vocab_size or scores.shape[-1]
+        for j in range(drafts.shape[0]):
+            index = cur - self._script_start + j
+            if index < len(continuation):
+                drafts[j] = continuation[index]
+            if corrupt and rng.random() < corrupt:
+                drafts[j] = (int(drafts[j]) + 1 + rng.randrange(vocab - 1)) % vocab
+        proposals.append(drafts.tolist())
+        point_mass = torch.full_like(scores, float("-inf"))
+        point_mass[0, torch.arange(drafts.shape[0]), drafts] = 0.0
+        return torch.cat([input_ids, drafts[None].to(input_ids.device)], dim=1), point_mass
+
+    DFlashCandidateGenerator.get_candidates = get_candidates
+    try:
+        yield proposals
+    finally:
+        DFlashCandidateGenerator.get_candidates = original
+
+
+def new_tokens(output, prompt) -> torch.Tensor:
+    sequences = output.sequences if hasattr(output, "sequences") else output
+    return sequences[0, prompt.shape[1] :]
+
+
+@contextlib.contextmanager
+def count_forwards(*models):
+    """Counts forward calls of each model (forward pre-hooks); yields the list of counts."""
+    counts = [0] * len(models)
+    handles = []
+    for i, model in enumerate(models):
+
+        def hook(module, args, kwargs, i=i):
+            counts[i] += 1
+
+        handles.append(model.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield counts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class CollectingStreamer(BaseStreamer):
+    """Collects every token id generate streams (prompt first), and whether end() was called."""
+
+    def __init__(self):
+        self.tokens = []
+        self.puts = 0
+        self.ended = False
+
+    def put(self, value):
+        self.puts += 1
+        self.tokens.extend(int(t) for t in value.reshape(-1))
+
+    def end(self):
+        self.ended = True
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# tokenizer over the tiny vocabulary: id 0 is <unk>, id 1 "abcdef" (StopStringCriteria tokenizes that string to
+# clean its vocabulary), id i is "t{i}"; decoding joins tokens with spaces
+def make_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    vocab = {"<unk>": 0, "abcdef": 1, **{f"t{i}": i for i in range(2, vocab_size)}}
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins word tokens with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()

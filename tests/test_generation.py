@@ -1,0 +1,445 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Issue 2, lossless verification: greedy generate(assistant_model=drafter) equals generate() token for token."""
+
+import contextlib
+import io
+
+import pytest
+import torch
+from transformers import TextStreamer, pipeline
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+import hf_dflash
+from hf_dflash.generation_dflash import DFlashCandidateGenerator
+
+from conftest import (
+    VOCAB,
+    CollectingStreamer,
+    cached_target,
+    make_drafter,
+    make_prompt,
+    make_target,
+    new_tokens,
+    plain_generate,
+    scripted_drafts,
+)
+
+
+BLOCK_SIZES = (2, 3, 8, 15, 16)
+PROMPT_LENGTHS = (1, 7, 40)
+DRAFTER_KINDS = ("random", "oracle", "noisy")
+
+
+def drafts_for(kind, reference, prompt, seed=0):
+    """Context in which the drafter proposes randomly, perfectly (oracle) or partly wrong (noisy oracle)."""
+    if kind == "random":
+        return contextlib.nullcontext([])
+    return scripted_drafts(new_tokens(reference, prompt), corrupt=0.3 if kind == "noisy" else 0.0, seed=seed)
+
+
+def assert_same(got, expected):
+    assert got.tolist() == expected.tolist(), f"\n got      {got.tolist()}\n expected {expected.tolist()}"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# greedy equality
+@pytest.mark.parametrize("kind", DRAFTER_KINDS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_greedy_matches_plain_generate(target, block_size, kind):
+    drafter = make_drafter(target, block_size)
+    for length in PROMPT_LENGTHS:
+        prompt = make_prompt(length, seed=length)
+        expected = plain_generate(target, prompt, max_new_tokens=24)
+        with drafts_for(kind, expected, prompt, seed=length):
+            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+        assert_same(got, expected)
+        stats = drafter.last_stats
+        assert stats is not None and stats.block_size == block_size and stats.new_tokens == 24
+        assert all(1 <= a <= block_size for a in stats.acceptance_lengths)
+        if kind == "oracle":  # every draft accepted: each verification commits a full block (or what is left)
+            assert stats.acceptance_lengths == [min(block_size, 23 - block_size * i) for i in range(len(stats.acceptance_lengths))]
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 7, 8, 9, 13, 17])
+def test_max_new_tokens_reached_mid_block(qwen3_target, max_new_tokens):
+    target = qwen3_target
+    drafter = make_drafter(target, block_size=8)
+    prompt = make_prompt(5, seed=3)
+    expected = plain_generate(target, prompt, max_new_tokens=max_new_tokens)
+    for kind in ("oracle", "noisy", "random"):
+        with drafts_for(kind, plain_generate(target, prompt, max_new_tokens=40), prompt):
+            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=max_new_tokens)
+        assert_same(got, expected)
+        assert got.shape[1] == prompt.shape[1] + max_new_tokens
+        # one token from the prefill, every other token from a verification
+        assert sum(drafter.last_stats.acceptance_lengths) == max_new_tokens - 1
+
+
+def test_acceptance_statistics(qwen3_target):
+    target, block_size = qwen3_target, 8
+    drafter = make_drafter(target, block_size)
+    prompt = make_prompt(6, seed=5)
+    expected = plain_generate(target, prompt, max_new_tokens=57)  # 1 + 7 blocks of 8
+    with scripted_drafts(new_tokens(expected, prompt)):
+        assert_same(target.generate(prompt, assistant_model=drafter, max_new_tokens=57), expected)
+    stats = drafter.last_stats
+    assert stats.acceptance_lengths == [block_size] * 7
+    assert stats.mean_acceptance_length == block_size
+    assert stats.num_verifications == 7 and stats.new_tokens == 57
+    assert stats.acceptance_by_position() == [1.0] * (block_size - 1)
+    assert stats.total_seconds >= stats.prefill_seconds + stats.draft_seconds + stats.verify_seconds > 0
+
+    # noisy oracle: acceptance between the extremes, and tokens still add up
+    with scripted_drafts(new_tokens(expected, prompt), corrupt=0.2, seed=1):
+        assert_same(target.generate(prompt, assistant_model=drafter, max_new_tokens=57), expected)
+    noisy = drafter.last_stats
+    assert 1 < noisy.mean_acceptance_length < block_size
+    assert sum(noisy.acceptance_lengths) == 56
+    positions = noisy.acceptance_by_position()
+    assert all(a >= b for a, b in zip(positions, positions[1:]))  # acceptance can only drop along the block
+
+    # random drafter: acceptance length >= 1 always; the stats object is replaced per call
+    assert_same(target.generate(prompt, assistant_model=drafter, max_new_tokens=57), expected)
+    assert drafter.last_stats is not noisy and drafter.last_stats.new_tokens == 57
+    assert sum(drafter.last_stats.acceptance_lengths) == 56
+
+
+def _eos_inside_block(target, prompt, block_size):
+    """A token the target emits at new-token index >= 3 that it did not emit before, and that index."""
+    reference = new_tokens(plain_generate(target, prompt, max_new_tokens=40), prompt).tolist()
+    for index in range(3, len(reference)):
+        if reference[index] not in reference[:index] and index % block_size not in (0, 1):
+            return reference[index], index
+    pytest.skip("greedy output has no fresh token to use as EOS")
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_eos_inside_accepted_block(target, block_size):
+    drafter = make_drafter(target, block_size)
+    prompt = make_prompt(9, seed=11)
+    eos, index = _eos_inside_block(target, prompt, block_size)
+    expected = plain_generate(target, prompt, max_new_tokens=40, eos_token_id=eos)
+    assert expected.shape[1] == prompt.shape[1] + index + 1 and expected[0, -1] == eos  # stops right after EOS
+    reference = plain_generate(target, prompt, max_new_tokens=40)
+    for kind in ("oracle", "noisy", "random"):
+        with drafts_for(kind, reference, prompt) as proposals:
+            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, eos_token_id=eos)
+        assert_same(got, expected)
+        if kind == "oracle":
+            # the EOS was a draft, accepted together with the drafts after it, which must be dropped
+            assert any(eos in p for p in proposals)
+            assert sum(drafter.last_stats.acceptance_lengths) > index
+
+
+def test_eos_from_generation_config_and_pad(qwen3_target):
+    target = make_target("qwen3", seed=0)
+    prompt = make_prompt(9, seed=11)
+    eos, index = _eos_inside_block(target, prompt, 8)
+    reference = plain_generate(target, prompt, max_new_tokens=40)
+    target.generation_config.eos_token_id = eos
+    target.generation_config.pad_token_id = eos
+    drafter = make_drafter(target, 8)
+    expected = plain_generate(target, prompt, max_new_tokens=40)
+    assert expected.shape[1] == prompt.shape[1] + index + 1
+    with scripted_drafts(new_tokens(reference, prompt)):
+        assert_same(target.generate(prompt, assistant_model=drafter, max_new_tokens=40), expected)
+
+
+@pytest.mark.parametrize("min_new_tokens", [0, 6])
+def test_eos_with_min_new_tokens(qwen3_target, min_new_tokens):
+    target = qwen3_target
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(9, seed=11)
+    eos, index = _eos_inside_block(target, prompt, 8)
+    kwargs = dict(max_new_tokens=30, eos_token_id=eos, min_new_tokens=min_new_tokens)
+    expected = plain_generate(target, prompt, **kwargs)
+    for kind in ("oracle", "random"):
+        with drafts_for(kind, plain_generate(target, prompt, max_new_tokens=40), prompt):
+            assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
+
+
+def test_stop_strings_inside_block(target, tokenizer):
+    block_size = 8
+    drafter = make_drafter(target, block_size)
+    prompt = make_prompt(6, seed=21)
+    reference = plain_generate(target, prompt, max_new_tokens=40)
+    tokens = new_tokens(reference, prompt).tolist()
+    # a two-token stop string that makes plain generate stop inside a block (not on its first token)
+    for end in range(4, len(tokens)):
+        if end % block_size in (0, 1):
+            continue
+        stop = tokenizer.decode(tokens[end - 1 : end + 1])
+        kwargs = dict(max_new_tokens=40, stop_strings=[stop], tokenizer=tokenizer)
+        expected = plain_generate(target, prompt, **kwargs)
+        if expected.shape[1] == prompt.shape[1] + end + 1:
+            break
+    else:
+        pytest.skip("no usable stop string")
+    assert tokenizer.decode(expected[0]).endswith(stop)
+    for kind in ("oracle", "noisy", "random"):
+        with drafts_for(kind, reference, prompt):
+            assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.8])
+def test_repetition_penalty_greedy(target, penalty):
+    drafter = make_drafter(target, 8)
+    for length in (1, 12):
+        prompt = make_prompt(length, seed=30 + length)
+        kwargs = dict(max_new_tokens=30, repetition_penalty=penalty)
+        expected = plain_generate(target, prompt, **kwargs)
+        for kind in DRAFTER_KINDS:
+            with drafts_for(kind, expected, prompt):
+                assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
+
+
+def test_other_processors_greedy(qwen3_target):
+    """A mix of vectorised (suppress tokens) and per-position (no-repeat n-gram, bad words, min length) processors."""
+    target = qwen3_target
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(10, seed=41)
+    first = new_tokens(plain_generate(target, prompt, max_new_tokens=30), prompt).tolist()
+    kwargs = dict(
+        max_new_tokens=30,
+        suppress_tokens=[first[2]],
+        bad_words_ids=[[first[4], first[5]]],
+        no_repeat_ngram_size=3,
+        sequence_bias={(first[7],): 1.5},
+    )
+    expected = plain_generate(target, prompt, **kwargs)
+    for kind in DRAFTER_KINDS:
+        with drafts_for(kind, expected, prompt):
+            assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
+
+
+def test_left_padding_attention_mask(qwen3_target):
+    """A single left-padded prompt: same tokens, same max_length accounting, same history for the processors."""
+    target = qwen3_target
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(8, seed=51)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(prompt)], dim=1)
+    for kwargs in (dict(max_new_tokens=20), dict(max_new_tokens=20, repetition_penalty=1.5)):
+        expected = plain_generate(target, padded, attention_mask=mask, **kwargs)
+        assert expected.shape[1] == padded.shape[1] + 20
+        for kind in DRAFTER_KINDS:
+            with drafts_for(kind, expected, padded):
+                got = target.generate(padded, attention_mask=mask, assistant_model=drafter, **kwargs)
+            assert_same(got, expected)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# return_dict_in_generate outputs
+@pytest.mark.parametrize("kind", ["oracle", "noisy"])
+def test_dict_outputs_match_plain_generate(target, kind):
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(7, seed=61)
+    kwargs = dict(
+        max_new_tokens=19,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        output_hidden_states=True,
+        repetition_penalty=1.2,
+    )
+    expected = plain_generate(target, prompt, **kwargs)
+    with drafts_for(kind, expected.sequences, prompt):
+        got = target.generate(prompt, assistant_model=drafter, **kwargs)
+    assert type(got) is type(expected)
+    assert_same(got.sequences, expected.sequences)
+    assert len(got.scores) == len(expected.scores) == len(got.logits) == len(expected.logits) == 19
+    for a, b in zip(got.scores, expected.scores):
+        assert a.shape == b.shape == (1, VOCAB)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    for a, b in zip(got.logits, expected.logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert len(got.hidden_states) == len(expected.hidden_states) == 19
+    layers = target.config.num_hidden_layers + 1
+    for step, (a, b) in enumerate(zip(got.hidden_states, expected.hidden_states)):
+        assert len(a) == len(b) == layers
+        for x, y in zip(a, b):
+            assert x.shape == y.shape == (1, prompt.shape[1] if step == 0 else 1, target.config.hidden_size)
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+    assert got.past_key_values.get_seq_length() == expected.past_key_values.get_seq_length()
+
+
+def test_dict_outputs_scores_only(qwen3_target):
+    target = qwen3_target
+    drafter = make_drafter(target, 16)
+    prompt = make_prompt(3, seed=62)
+    kwargs = dict(max_new_tokens=12, return_dict_in_generate=True, output_scores=True)
+    expected = plain_generate(target, prompt, **kwargs)
+    got = target.generate(prompt, assistant_model=drafter, **kwargs)
+    assert_same(got.sequences, expected.sequences)
+    assert got.logits is None and got.hidden_states is None and len(got.scores) == 12
+    torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# streamers
+def test_streamer_collects_the_output(target):
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(5, seed=71)
+    expected = plain_generate(target, prompt, max_new_tokens=26)
+    for kind in ("oracle", "noisy"):
+        streamer = CollectingStreamer()
+        with drafts_for(kind, expected, prompt):
+            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=26, streamer=streamer)
+        assert_same(got, expected)
+        assert streamer.tokens == got[0].tolist() and streamer.ended
+        if kind == "oracle":  # whole blocks are streamed at once
+            assert streamer.puts == 2 + drafter.last_stats.num_verifications
+
+
+def test_text_streamer(qwen3_target, tokenizer, capsys):
+    target = qwen3_target
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(5, seed=72)
+    expected = plain_generate(target, prompt, max_new_tokens=20, streamer=TextStreamer(tokenizer))
+    plain_text = capsys.readouterr().out
+    with scripted_drafts(new_tokens(expected, prompt), corrupt=0.3):
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=20, streamer=TextStreamer(tokenizer))
+    assert_same(got, expected)
+    assert capsys.readouterr().out == plain_text == tokenizer.decode(expected[0]) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# routing: speculation_type, ordinary assistants, the opt-out
+def test_speculation_type_dflash(qwen3_target):
+    target = make_target("qwen3", seed=0)
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(6, seed=81)
+    expected = plain_generate(target, prompt, max_new_tokens=20)
+    with scripted_drafts(new_tokens(expected, prompt), corrupt=0.2):
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=20, speculation_type="dflash")
+    assert_same(got, expected)
+    assert drafter.last_stats.new_tokens == 20  # our loop ran
+
+    target.generation_config.speculation_type = "dflash"
+    drafter.last_stats = None
+    got = target.generate(prompt, assistant_model=drafter, max_new_tokens=20)
+    assert_same(got, expected)
+    assert drafter.last_stats.new_tokens == 20
+
+
+def test_ordinary_assistant_goes_to_transformers(qwen3_target):
+    target = qwen3_target
+    assistant = make_target("qwen3", num_hidden_layers=1, hidden_size=32, num_attention_heads=2, seed=5)
+    prompt = make_prompt(6, seed=82)
+    expected = plain_generate(target, prompt, max_new_tokens=20)
+    calls = []
+    original = DFlashCandidateGenerator.get_candidates
+    try:
+        DFlashCandidateGenerator.get_candidates = lambda *a, **k: calls.append(1) or original(*a, **k)
+        got = target.generate(prompt, assistant_model=assistant, max_new_tokens=20, do_sample=False)
+    finally:
+        DFlashCandidateGenerator.get_candidates = original
+    assert_same(got, expected)
+    assert not calls and not hasattr(assistant, "last_stats")
+
+
+def test_builtin_generation_opt_out(qwen3_target):
+    target = qwen3_target
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(6, seed=83)
+    expected = plain_generate(target, prompt, max_new_tokens=20)
+    used = []
+    original = DFlashTokenCandidateGenerator.get_candidates
+
+    def spy(self, *args, **kwargs):
+        used.append(1)
+        return original(self, *args, **kwargs)
+
+    DFlashTokenCandidateGenerator.get_candidates = spy
+    try:
+        with hf_dflash.builtin_generation():
+            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=20, speculation_type="dflash")
+        assert used and drafter.last_stats is None  # transformers' own DFlash generator ran, not our loop
+        assert_same(got, expected)
+
+        # routing is back after the context manager
+        used.clear()
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=20)
+        assert_same(got, expected)
+        assert not used and drafter.last_stats.new_tokens == 20
+
+        hf_dflash.disable_dflash_generation()
+        hf_dflash.disable_dflash_generation()  # idempotent
+        drafter.last_stats = None
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=20, speculation_type="dflash")
+        assert used and drafter.last_stats is None
+        assert_same(got, expected)
+    finally:
+        DFlashTokenCandidateGenerator.get_candidates = original
+        hf_dflash.enable_dflash_generation()
+        hf_dflash.enable_dflash_generation()  # idempotent: wraps once
+    from transformers import GenerationMixin
+
+    assert not hasattr(GenerationMixin.generate._hf_dflash_original, "_hf_dflash_original")
+    assert not hasattr(GenerationMixin._assisted_decoding._hf_dflash_original, "_hf_dflash_original")
+
+
+def test_builtin_generation_inside_disabled_stays_disabled(qwen3_target):
+    from transformers import GenerationMixin
+
+    hf_dflash.disable_dflash_generation()
+    try:
+        with hf_dflash.builtin_generation():
+            pass
+        assert not hasattr(GenerationMixin.generate, "_hf_dflash_original")
+    finally:
+        hf_dflash.enable_dflash_generation()
+    assert hasattr(GenerationMixin.generate, "_hf_dflash_original")
+
+
+def test_pipeline_text_generation(qwen3_target, tokenizer):
+    target = qwen3_target
+    drafter = make_drafter(target, 8)
+    generator = pipeline("text-generation", model=target, tokenizer=tokenizer)
+    prompt = "t5 t17 t33 t2 t9"
+    expected = generator(prompt, max_new_tokens=20, do_sample=False)
+    got = generator(prompt, max_new_tokens=20, do_sample=False, assistant_model=drafter)
+    assert got == expected
+    assert drafter.last_stats is not None and drafter.last_stats.new_tokens == 20
+    assert expected[0]["generated_text"].startswith(prompt) and len(expected[0]["generated_text"]) > len(prompt)
+
+
+def test_generate_with_input_ids_keyword_and_generation_config(qwen3_target):
+    from transformers import GenerationConfig
+
+    target = qwen3_target
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(6, seed=84)
+    config = GenerationConfig(max_new_tokens=15, do_sample=False)
+    expected = target.generate(input_ids=prompt, generation_config=config)
+    assert_same(target.generate(input_ids=prompt, generation_config=config, assistant_model=drafter), expected)
+    assert_same(target.generate(prompt, config, assistant_model=drafter), expected)
+    assert drafter.last_stats.new_tokens == 15
+
+
+def test_drafter_cache_stays_in_step_over_long_generation(llama_target):
+    """Many cycles with mixed acceptance; the generator raises if its context and the anchor position disagree."""
+    target = llama_target
+    drafter = make_drafter(target, 5, num_hidden_layers=2)
+    prompt = make_prompt(4, seed=91)
+    expected = plain_generate(target, prompt, max_new_tokens=120)
+    with scripted_drafts(new_tokens(expected, prompt), corrupt=0.25, seed=3):
+        assert_same(target.generate(prompt, assistant_model=drafter, max_new_tokens=120), expected)
+    assert drafter.last_stats.num_verifications > 24
+
+
+def test_dict_outputs_attentions(qwen3_target):
+    target = make_target("qwen3", seed=0, attn_implementation="eager")  # sdpa returns no attention weights
+    drafter = make_drafter(target, 8)
+    prompt = make_prompt(5, seed=63)
+    kwargs = dict(max_new_tokens=12, return_dict_in_generate=True, output_attentions=True)
+    expected = plain_generate(target, prompt, **kwargs)
+    with scripted_drafts(new_tokens(expected.sequences, prompt), corrupt=0.3):
+        got = target.generate(prompt, assistant_model=drafter, **kwargs)
+    assert_same(got.sequences, expected.sequences)
+    assert len(got.attentions) == len(expected.attentions) == 12
+    for a, b in zip(got.attentions, expected.attentions):
+        assert len(a) == len(b) == target.config.num_hidden_layers
+        for x, y in zip(a, b):
+            assert x.shape == y.shape
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
