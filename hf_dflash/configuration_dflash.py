@@ -27,7 +27,8 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
     if num_features == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
-    return [int(round(start + i * (end - start) / (num_features - 1))) for i in range(num_features)]
+    ids = [int(round(start + i * (end - start) / (num_features - 1))) for i in range(num_features)]
+    return [min(max(i, 0), num_target_layers - 1) for i in ids]  # very shallow targets: stay inside the model
 
 
 class DFlashConfig(Qwen3Config):

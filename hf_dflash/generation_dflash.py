@@ -57,6 +57,7 @@ class DFlashStats:
 
     block_size: int
     acceptance_lengths: list[int] = field(default_factory=list)
+    row_acceptance_lengths: list[list[int]] = field(default_factory=list)
     new_tokens: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -141,17 +142,33 @@ def check_generate_call(target, drafter, args: tuple, kwargs: dict) -> None:
         )
     inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids", kwargs.get("inputs_embeds")))
     batch = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else 1
-    if batch > 1:
+    if batch > 1 and generation_config.return_dict_in_generate and (
+        generation_config.output_scores
+        or generation_config.output_logits
+        or generation_config.output_hidden_states
+        or generation_config.output_attentions
+    ):
         raise ValueError(
-            f"Batch size {batch} with a DFlash drafter: speculative decoding here runs one sequence at a time "
-            "(batch size 1). Call generate once per prompt, or drop assistant_model for batched generation."
+            f"Batch size {batch} with a DFlash drafter returns sequences only: output_scores / output_logits / "
+            "output_hidden_states / output_attentions need batch size 1. Generate one prompt at a time for those."
+        )
+    if batch > 1 and kwargs.get("prefix_allowed_tokens_fn", args[4] if len(args) > 4 else None) is not None:
+        raise ValueError(
+            f"prefix_allowed_tokens_fn keeps per-row state and is not supported with batch size {batch} and a "
+            "DFlash drafter. Generate one prompt at a time, or drop assistant_model."
         )
     if kwargs.get("inputs_embeds") is not None:
         raise ValueError("inputs_embeds with a DFlash drafter is not supported: pass input_ids instead.")
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool((mask[:, 1:] < mask[:, :-1]).any()):
+        raise ValueError(
+            "The attention_mask masks tokens after real ones (right padding). A DFlash drafter needs left padding "
+            "only: tokenize with padding_side='left'."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# logits processing over a block
+# logits processing over a block (rows of a batch may hold histories of different lengths)
 def _behaves_as(processor, classes) -> bool:
     # A subclass that overrides __call__ may read the history differently: only the known __call__ qualifies.
     return any(isinstance(processor, cls) and type(processor).__call__ is cls.__call__ for cls in classes)
@@ -175,26 +192,40 @@ def _set_dependent(processor, history_length: int | None = None) -> bool:
     return ignore is None or history_length is None or ignore < history_length
 
 
-def processed_verify_scores(processors, input_ids, drafts, logits):
-    """Processed target scores for a verify block: row i was computed after ``input_ids + drafts[:, :i]``.
+def _vectorizable(processors, histories) -> bool:
+    shortest = min(len(h) for h in histories)
+    return all(_ids_independent(p) or _set_dependent(p, shortest) for p in processors)
 
-    One call for the whole block when every processor allows it (position-independent warpers, repetition
-    penalty); otherwise one call per position with the exact prefix, as plain ``generate`` would.
+
+def _padded_histories(histories: list[torch.Tensor]) -> torch.Tensor:
+    """Right-pad each row's history with its own last token (already in its set) to one length: [b, L]."""
+    length = max(len(h) for h in histories)
+    return torch.stack([torch.cat([h, h[-1:].expand(length - len(h))]) for h in histories])
+
+
+def processed_verify_scores(processors, histories: list[torch.Tensor], drafts, logits):
+    """Processed target scores for a verify block: row r position i was computed after histories[r] + drafts[r, :i].
+
+    One processor call for the whole batch and block when every processor allows it (position-independent
+    warpers, repetition penalty); otherwise one call per row and position with the exact history, as plain
+    ``generate`` makes them.
     """
     if len(processors) == 0:
         return logits
-    rows, cur = logits.shape[1], input_ids.shape[1]
-    full = torch.cat([input_ids, drafts], dim=1)
-    if all(_ids_independent(p) or _set_dependent(p, cur) for p in processors):
-        histories = full[:, : cur + rows - 1].expand(rows, -1).clone()
-        tail = histories[:, cur:]
-        # Row i must not see drafts i..: overwrite them with the anchor, which every row's history already holds.
-        later = torch.arange(rows - 1, device=full.device)[None, :] >= torch.arange(rows, device=full.device)[:, None]
-        tail[later] = input_ids[0, -1]
-        return processors(histories, logits[0].clone()).unsqueeze(0)
+    batch, rows, vocab = logits.shape
+    k = drafts.shape[1]
+    if _vectorizable(processors, histories):
+        base = _padded_histories(histories)
+        # Position i must not see drafts i..: replace them with the row's anchor, which its history already holds.
+        unseen = torch.arange(k, device=drafts.device)[None, :] >= torch.arange(rows, device=drafts.device)[:, None]
+        tail = torch.where(unseen[None], base[:, -1:, None], drafts[:, None, :])
+        ids = torch.cat([base[:, None].expand(-1, rows, -1), tail], dim=2).reshape(batch * rows, -1)
+        return processors(ids, logits.reshape(batch * rows, vocab).clone()).view(batch, rows, vocab)
     out = torch.empty_like(logits)
-    for i in range(rows):
-        out[:, i] = processors(full[:, : cur + i], logits[:, i].clone())
+    for r, history in enumerate(histories):
+        full = torch.cat([history, drafts[r]])[None]
+        for i in range(rows):
+            out[r : r + 1, i] = processors(full[:, : len(history) + i], logits[r : r + 1, i].clone())
     return out
 
 
@@ -206,99 +237,144 @@ def select_tokens(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
     return torch.multinomial(probs, num_samples=1).view(scores.shape[:-1])
 
 
-def speculative_accept(drafts, draft_probs, target_probs):
-    """Speculative sampling for one block (batch 1).
+def leading_true(matches: torch.Tensor) -> torch.Tensor:
+    """[b, k] booleans -> [b] length of each row's all-True prefix."""
+    return matches.long().cumprod(dim=1).sum(dim=1)
 
-    drafts [1, k] were sampled from draft_probs [1, k, V]; target_probs is [1, k + 1, V]. Returns the number of
-    accepted drafts n and the committed tokens [1, n + 1] (accepted drafts + a token from the residual or bonus).
+
+def greedy_accept(drafts, target_scores):
+    """Greedy verification: drafts [b, k], target_scores [b, k + 1, V] -> (accepted [b], tokens [b, k + 1]).
+
+    Row r commits tokens[r, : accepted[r] + 1]: the drafts equal to the target's own choices, then the target's
+    next token.
     """
-    k = drafts.shape[1]
-    idx = torch.arange(k, device=drafts.device)
-    p = target_probs[0, idx, drafts[0]]
-    q = draft_probs[0, idx, drafts[0]]
-    accepted = torch.rand(k, device=drafts.device) * q < p  # u < p/q, without dividing by q
-    n = int((~accepted).cumsum(0).eq(0).sum())
-    if n < k:
-        residual = (target_probs[0, n] - draft_probs[0, n]).clamp_min(0)
-        residual = residual if float(residual.sum()) > 0 else target_probs[0, n]
-    else:
-        residual = target_probs[0, k]
-    token = torch.multinomial(residual / residual.sum(), num_samples=1)
-    return n, torch.cat([drafts[:, :n], token[None]], dim=1)
+    choice = target_scores.argmax(dim=-1)
+    return leading_true(drafts == choice[:, : drafts.shape[1]]), choice
 
 
-def gemm_friendly_rows(rows: int, device: torch.device) -> int:
+def speculative_accept(drafts, draft_probs, target_probs):
+    """Speculative sampling: drafts [b, k] were sampled from draft_probs [b, k, V]; target_probs is [b, k + 1, V].
+
+    Draft i is accepted with probability min(1, p/q); the first rejected position is resampled from
+    norm(max(0, p - q)); after k acceptances the bonus token is drawn from p. Returns (accepted [b],
+    tokens [b, k + 1]) like :func:`greedy_accept`; every committed token follows the target's distribution.
+    """
+    batch, k = drafts.shape
+    p = target_probs[:, :k].gather(2, drafts[..., None])[..., 0]
+    q = draft_probs.gather(2, drafts[..., None])[..., 0]
+    accepted = leading_true(torch.rand(batch, k, device=drafts.device) * q < p)  # u < p/q, without dividing by q
+    # With q = 0 after the last draft, the residual formula yields the bonus distribution p there.
+    q = torch.cat([draft_probs, draft_probs.new_zeros(batch, 1, draft_probs.shape[-1])], dim=1)
+    at = accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
+    p_next, q_next = target_probs.gather(1, at)[:, 0], q.gather(1, at)[:, 0]
+    residual = (p_next - q_next).clamp_min(0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)  # rounding may empty it
+    tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
+    tokens.scatter_(1, accepted[:, None], torch.multinomial(residual / residual.sum(-1, keepdim=True), 1))
+    return accepted, tokens
+
+
+def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
     """CPU fp32 GEMMs with 9..15 rows cost more than with 16 (a faster kernel starts at 16): round up there."""
-    return 16 if device.type == "cpu" and 9 <= rows < 16 else rows
+    return 16 if device.type == "cpu" and 9 <= rows * batch < 16 and batch == 1 else rows
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # drafting
 class DFlashCandidateGenerator(CandidateGenerator):
-    """Proposes a block of candidate tokens with one drafter forward.
+    """Proposes a block of candidate tokens per sequence with one drafter forward.
 
-    Holds the drafter's cache of context K/V (target features of every committed token the target has processed).
-    ``get_candidates(input_ids, context_hidden_states=new_features)`` returns ``(input_ids + drafts, draft_scores)``;
-    draft_scores are the processed drafter logits the drafts were chosen from (q = softmax(draft_scores)).
+    Holds the drafter's cache of context K/V: target features of every token the target has verified, in the same
+    slots as the target's own cache (so one padding mask serves both).
+
+    Example:
+        >>> generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())  # doctest: +SKIP
+        >>> candidates, scores = generator.get_candidates(input_ids, context_hidden_states=features)  # doctest: +SKIP
     """
 
-    def __init__(self, drafter, target, generation_config, logits_processor=None, padding: int = 0):
+    def __init__(self, drafter, target, generation_config, logits_processor=None):
         self.drafter = drafter
-        self.padding = padding  # leading (left) padding tokens of input_ids: not part of the target's sequence
         self.input_embeddings = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         self.block_size = drafter.config.block_size
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
         self.cache = DynamicCache(config=drafter.config)
-        self.context_length = 0
-        device = drafter.device
-        mask_ids = torch.full((1, self.block_size - 1), drafter.config.mask_token_id, device=device)
-        self.mask_embeds = self.input_embeddings(mask_ids.to(self.input_embeddings.weight.device)).to(device)
+        mask_ids = torch.full((1, self.block_size - 1), drafter.config.mask_token_id)
+        self.mask_embeds = self._embed(mask_ids)
 
-    def get_candidates(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
+    def _embed(self, ids):
+        weight = self.input_embeddings.weight
+        return self.input_embeddings(ids.to(weight.device)).to(self.drafter.device)
+
+    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
+        """Draft tokens for each row.
+
+        Args:
+            histories: committed tokens per row (the last one is the anchor, not yet seen by the target).
+            context: [b, n, T*H] target features of the slots the target verified since the last call.
+            context_positions: [b, n] their positions; anchor_positions: [b] the anchors' positions.
+            slot_mask: [b, cache + n] which cache slots hold real tokens (None: all do).
+        Returns:
+            drafts [b, num_drafts] and the processed drafter scores they were chosen from (q = softmax(scores)).
+        """
         num_drafts = self.block_size - 1 if num_drafts is None else num_drafts
-        anchor_pos = input_ids.shape[1] - 1 - self.padding
-        device = self.drafter.device
-        if self.context_length + context_hidden_states.shape[1] != anchor_pos:
-            raise RuntimeError(
-                f"DFlash context out of step: {self.context_length} cached + {context_hidden_states.shape[1]} new "
-                f"features for an anchor at position {anchor_pos}."
-            )
-        anchor = self.input_embeddings(input_ids[:, -1:].to(self.input_embeddings.weight.device)).to(device)
-        positions = torch.arange(self.context_length, anchor_pos + self.block_size, device=device)[None]
+        device, batch = self.drafter.device, len(histories)
+        anchors = torch.stack([h[-1:] for h in histories])
+        block = torch.cat([self._embed(anchors), self.mask_embeds.expand(batch, -1, -1)], dim=1)
+        offsets = torch.arange(self.block_size, device=device)
+        positions = torch.cat([context_positions.to(device), anchor_positions.to(device)[:, None] + offsets], dim=1)
+        if slot_mask is not None:
+            slot_mask = torch.cat([slot_mask, slot_mask.new_ones(batch, self.block_size)], dim=1).to(device)
         hidden = self.drafter(
-            noise_embeds=torch.cat([anchor, self.mask_embeds], dim=1),
-            context_hidden_states=context_hidden_states.to(device),
+            noise_embeds=block,
+            context_hidden_states=context.to(device),
             position_ids=positions,
+            attention_mask=slot_mask,
             past_key_values=self.cache,
         ).last_hidden_state
         self.cache.crop(-self.block_size)  # keep the context K/V only
-        self.context_length = anchor_pos
-        rows = gemm_friendly_rows(num_drafts + 1, device)
+        rows = gemm_friendly_rows(num_drafts + 1, device, batch)
         hidden = hidden[:, :rows].to(self.lm_head.weight.device)
-        logits = self.lm_head(hidden)[:, 1 : num_drafts + 1].float().to(input_ids.device)
-        drafts, scores = self._choose(input_ids, logits)
+        logits = self.lm_head(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
+        return self._choose(histories, logits)
+
+    def get_candidates(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
+        """CandidateGenerator API for one unpadded sequence whose cache holds all but the last two... positions."""
+        cached = self.cache.get_seq_length()
+        length = input_ids.shape[1]
+        positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
+        drafts, scores = self.propose(
+            list(input_ids), context_hidden_states, positions, torch.tensor([length - 1]), None, num_drafts
+        )
         return torch.cat([input_ids, drafts], dim=1), scores
 
-    def _choose(self, input_ids, logits):
+    def _choose(self, histories, logits):
         """Pick draft tokens; vectorised unless a processor depends on the drafts chosen before it.
 
-        Processors that read only which tokens occur (repetition penalty) see the committed history in every row:
-        drafts are only a proposal (the target re-scores each position with its exact history), so this can change
-        the acceptance rate, never the output.
+        Processors that read only which tokens occur (repetition penalty) see the committed history in every
+        position: drafts are only a proposal (the target re-scores each position with its exact history), so this
+        can change the acceptance rate, never the output.
         """
         processors = self.logits_processor
-        if len(processors) == 0 or logits.shape[1] == 0:
+        batch, k, vocab = logits.shape
+        if len(processors) == 0 or k == 0:
             return select_tokens(logits, self.do_sample), logits
-        if all(_ids_independent(p) or _set_dependent(p) for p in processors):
-            scores = processors(input_ids.expand(logits.shape[1], -1), logits[0].clone()).unsqueeze(0)
+        if _vectorizable(processors, histories):
+            ids = _padded_histories(histories)[:, None].expand(-1, k, -1).reshape(batch * k, -1)
+            scores = processors(ids, logits.reshape(batch * k, vocab).clone()).view(batch, k, vocab)
             return select_tokens(scores, self.do_sample), scores
-        scores, ids = torch.empty_like(logits), input_ids
-        for i in range(logits.shape[1]):
-            scores[:, i] = processors(ids, logits[:, i].clone())
-            ids = torch.cat([ids, select_tokens(scores[:, i], self.do_sample)[:, None]], dim=1)
-        return ids[:, input_ids.shape[1] :], scores
+        scores, drafts = torch.empty_like(logits), []
+        for r, history in enumerate(histories):
+            ids = history[None]
+            for i in range(k):
+                scores[r : r + 1, i] = processors(ids, logits[r : r + 1, i].clone())
+                ids = torch.cat([ids, select_tokens(scores[r : r + 1, i], self.do_sample)[:, None]], dim=1)
+            drafts.append(ids[0, len(history) :])
+        return torch.stack(drafts), scores
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         pass  # block size is fixed by training
@@ -311,7 +387,7 @@ def _features(hidden_states, layer_ids) -> torch.Tensor:
 
 
 class _OutputRecorder:
-    """Per-token scores / logits / hidden states / attentions, in the layout plain ``generate`` returns."""
+    """Per-token scores / logits / hidden states / attentions, in the layout plain ``generate`` returns (batch 1)."""
 
     def __init__(self, config):
         self.on = bool(config.return_dict_in_generate)
@@ -335,13 +411,13 @@ class _OutputRecorder:
                 )
 
 
-def _first_stop(stopping_criteria, input_ids, start: int, scores) -> int | None:
-    """Index (relative to `start`) of the first new token after which generation must stop, else None.
+def _first_stop(stopping_criteria, history, start: int, scores) -> int | None:
+    """Index (relative to `start`) of the first new token of `history` [L] after which generation must stop.
 
-    `scores` [1, n, V] holds the processed scores each new token was chosen from (row i for token start + i).
+    `scores` [n, V] holds the processed scores each new token was chosen from (row i for token start + i).
     """
-    for i in range(start, input_ids.shape[1]):
-        if bool(stopping_criteria(input_ids[:, : i + 1], scores[:, i - start]).any()):
+    for i in range(start, len(history)):
+        if bool(stopping_criteria(history[None, : i + 1], scores[None, i - start]).any()):
             return i - start
     return None
 
@@ -358,20 +434,23 @@ def dflash_decoding(
     assistant_model=None,
     **model_kwargs,
 ):
-    """Speculative decoding with a DFlash drafter; called by ``generate`` in place of ``_assisted_decoding``."""
+    """Speculative decoding with a DFlash drafter; ``generate`` calls it in place of ``_assisted_decoding``.
+
+    Works on a left-padded batch: every row keeps all the drafts the target accepts for it. The target cache grows
+    by the batch's longest acceptance each cycle; shorter rows mark the extra slots as padding (masked), so no row
+    waits for, or throws work away because of, a neighbour.
+    """
     drafter, config = assistant_model, generation_config
     start_time = time.perf_counter()
-    stats = DFlashStats(block_size=drafter.config.block_size)
+    batch, prompt_len = input_ids.shape
+    block_size = drafter.config.block_size
+    stats = DFlashStats(block_size=block_size, row_acceptance_lengths=[[] for _ in range(batch)])
     drafter.last_stats = stats
     layer_ids = list(drafter.config.target_layer_ids)
-    want_hidden = True if config.output_hidden_states else [i + 1 for i in layer_ids]
     recorder = _OutputRecorder(config)
     do_sample = bool(config.do_sample)
+    device = input_ids.device
 
-    # Leading padding of a single prompt changes nothing for the target: the target and the drafter never see it
-    # (positions start at 0 after it, as with generate's own position ids), while logits processors, stopping
-    # criteria and max_length see the whole sequence, as they do in plain generate.
-    padding = _leading_padding(model_kwargs.get("attention_mask"))
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         cache = DynamicCache(config=target.config)
@@ -379,76 +458,120 @@ def dflash_decoding(
         raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()  # lets sliding-window layers be cropped back
-    generator = DFlashCandidateGenerator(drafter, target, config, logits_processor, padding=padding)
+    generator = DFlashCandidateGenerator(drafter, target, config, logits_processor)
+    want_hidden = True if config.output_hidden_states else [i + 1 for i in layer_ids]
     forward_kwargs = dict(past_key_values=cache, use_cache=True, output_hidden_states=want_hidden)
     if config.output_attentions:
         forward_kwargs["output_attentions"] = True
 
+    # slot_mask marks which cache slots hold real tokens: left padding, and slots a row rejected while a
+    # neighbour accepted more. None while every slot is real (always, for one unpadded prompt).
+    slot_mask = model_kwargs.get("attention_mask")
+    slot_mask = None if slot_mask is None or bool(slot_mask.all()) else slot_mask.bool()
+
     # 1. prefill: the first new token comes from the target alone
-    prompt_len = input_ids.shape[1]
-    positions = torch.arange(prompt_len - padding, device=input_ids.device)[None]
-    outputs = target(input_ids=input_ids[:, padding:], position_ids=positions, logits_to_keep=1, **forward_kwargs)
+    if slot_mask is None:
+        positions = torch.arange(prompt_len, device=device)[None].expand(batch, -1)
+    else:
+        positions = (slot_mask.long().cumsum(-1) - 1).clamp_min(0)
+    outputs = target(
+        input_ids=input_ids, attention_mask=slot_mask, position_ids=positions, logits_to_keep=1, **forward_kwargs
+    )
     raw = outputs.logits[:, -1:].float()
     processed = logits_processor(input_ids, raw[:, 0].clone())[:, None] if len(logits_processor) else raw
-    token = select_tokens(processed, do_sample)
+    tokens = select_tokens(processed, do_sample)
     recorder.add(outputs, raw, processed, 1, prefill=True, kv_length=0)
-    features = _features(outputs.hidden_states, layer_ids)
-    input_ids = torch.cat([input_ids, token], dim=1)
-    stats.prefill_seconds = time.perf_counter() - start_time
     if streamer is not None:
-        streamer.put(token.cpu())
-    finished = _first_stop(stopping_criteria, input_ids, input_ids.shape[1] - 1, processed) is not None
+        streamer.put(tokens[0].cpu())
+    histories = [torch.cat([input_ids[r], tokens[r]]) for r in range(batch)]
+    rows = list(range(batch))  # original row of each active row
+    done: list[torch.Tensor | None] = [None] * batch
+    features, context_positions = _features(outputs.hidden_states, layer_ids), positions
+    anchor_positions = positions[:, -1] + 1
+    stats.prefill_seconds = time.perf_counter() - start_time
+    alive = [r for r in range(batch) if _first_stop(stopping_criteria, histories[r], prompt_len, processed[r]) is None]
 
-    while not finished:
-        # 2. draft (nothing to draft when only one token is left before max_length: a plain decoding step)
-        cur = input_ids.shape[1]
-        num_drafts = min(drafter.config.block_size - 1, config.max_length - cur - 1)
+    while True:
+        if len(alive) < len(rows):  # retire finished rows from every per-row state
+            for r in set(range(len(rows))) - set(alive):
+                done[rows[r]] = histories[r]
+            if not alive:
+                break
+            keep = torch.tensor(alive, device=device)
+            cache.batch_select_indices(keep)
+            generator.select_rows(keep)
+            histories, rows = [histories[r] for r in alive], [rows[r] for r in alive]
+            features, context_positions, anchor_positions = features[keep], context_positions[keep], anchor_positions[keep]
+            slot_mask = slot_mask[keep] if slot_mask is not None else None
+        batch = len(rows)
+
+        # 2. draft (nothing to draft with one token left before max_length: a plain decoding step)
+        num_drafts = min(block_size - 1, config.max_length - min(len(h) for h in histories) - 1)
         tic = time.perf_counter()
         if num_drafts > 0:
-            candidates, draft_scores = generator.get_candidates(input_ids, features, num_drafts)
-            drafts = candidates[:, cur:]
+            drafts, draft_scores = generator.propose(
+                histories, features, context_positions, anchor_positions, slot_mask, num_drafts
+            )
         else:
-            drafts = input_ids.new_empty((1, 0))
-            draft_scores = None
+            drafts, draft_scores = input_ids.new_empty((batch, 0)), None
         stats.draft_seconds += time.perf_counter() - tic
 
         # 3. verify [anchor, drafts] in one target forward (padded to a GEMM-friendly row count on CPU)
         tic = time.perf_counter()
-        rows = gemm_friendly_rows(num_drafts + 1, input_ids.device)
-        verify_ids = torch.cat([input_ids[:, -1:], drafts], dim=1)
-        if rows > verify_ids.shape[1]:
-            verify_ids = torch.cat([verify_ids, verify_ids[:, -1:].expand(-1, rows - verify_ids.shape[1])], dim=1)
-        anchor_pos = cur - 1 - padding
-        positions = torch.arange(anchor_pos, anchor_pos + rows, device=input_ids.device)[None]
-        outputs = target(input_ids=verify_ids, position_ids=positions, logits_to_keep=0, **forward_kwargs)
+        width = gemm_friendly_rows(num_drafts + 1, device, batch)
+        anchors = torch.stack([h[-1:] for h in histories])
+        verify_ids = torch.cat([anchors, drafts], dim=1)
+        verify_ids = torch.cat([verify_ids, verify_ids[:, -1:].expand(-1, width - verify_ids.shape[1])], dim=1)
+        verify_positions = anchor_positions[:, None] + torch.arange(width, device=device)
+        cached = cache.get_seq_length()
+        mask = None if slot_mask is None else torch.cat([slot_mask, slot_mask.new_ones(batch, width)], dim=1)
+        outputs = target(
+            input_ids=verify_ids, attention_mask=mask, position_ids=verify_positions, logits_to_keep=0,
+            **forward_kwargs,
+        )
         raw = outputs.logits[:, : num_drafts + 1].float()
-        processed = processed_verify_scores(logits_processor, input_ids, drafts, raw)
+        processed = processed_verify_scores(logits_processor, histories, drafts, raw)
         if do_sample and num_drafts > 0:
-            n, new_tokens = speculative_accept(drafts, draft_scores.softmax(-1), processed.softmax(-1))
+            accepted, tokens = speculative_accept(drafts, draft_scores.softmax(-1), processed.softmax(-1))
         elif do_sample:
-            n, new_tokens = 0, select_tokens(processed, True)
+            accepted, tokens = torch.zeros(batch, dtype=torch.long, device=device), select_tokens(processed, True)
         else:
-            choice = processed.argmax(dim=-1)
-            n = int((drafts != choice[:, :num_drafts]).cumsum(dim=1).eq(0).sum())
-            new_tokens = choice[:, : n + 1]
+            accepted, tokens = greedy_accept(drafts, processed)
         stats.verify_seconds += time.perf_counter() - tic
-        stats.acceptance_lengths.append(n + 1)
 
-        # 4. commit, stopping exactly where plain generate would (EOS, max length, stop strings inside the block)
-        input_ids = torch.cat([input_ids, new_tokens], dim=1)
-        stop = _first_stop(stopping_criteria, input_ids, cur, processed)
-        if stop is not None:
-            input_ids, new_tokens, finished = input_ids[:, : cur + stop + 1], new_tokens[:, : stop + 1], True
-        recorder.add(outputs, raw, processed, new_tokens.shape[1], prefill=False, kv_length=anchor_pos)
-        if streamer is not None:
-            streamer.put(new_tokens[0].cpu())
-        cache.crop(-(rows - n - 1))  # keep anchor + accepted drafts
-        features = _features(outputs.hidden_states, layer_ids)[:, : n + 1]
+        # 4. keep the slots of the longest acceptance; shorter rows mask their rejected slots
+        keep_slots = int(accepted.max()) + 1
+        cache.crop(-(width - keep_slots))
+        real = torch.arange(keep_slots, device=device)[None] <= accepted[:, None]
+        if slot_mask is not None or not bool(real.all()):
+            before = slot_mask if slot_mask is not None else real.new_ones(batch, cached)
+            slot_mask = torch.cat([before, real], dim=1)
+        features = _features(outputs.hidden_states, layer_ids)[:, :keep_slots]
+        context_positions = verify_positions[:, :keep_slots]
+        anchor_positions = anchor_positions + accepted + 1
+
+        # 5. commit, stopping exactly where plain generate would (EOS, max length, stop strings inside the block)
+        alive = []
+        for r in range(batch):
+            n = int(accepted[r])
+            stats.acceptance_lengths.append(n + 1)
+            stats.row_acceptance_lengths[rows[r]].append(n + 1)
+            start = len(histories[r])
+            history = torch.cat([histories[r], tokens[r, : n + 1]])
+            stop = _first_stop(stopping_criteria, history, start, processed[r])
+            histories[r] = history if stop is None else history[: start + stop + 1]
+            if stop is None:
+                alive.append(r)
+        if batch == 1:
+            committed = len(histories[0]) - start
+            recorder.add(outputs, raw, processed, committed, prefill=False, kv_length=cached)
+            if streamer is not None:
+                streamer.put(histories[0][start:].cpu())
 
     if streamer is not None:
         streamer.end()
-    sequences = input_ids
-    stats.new_tokens = input_ids.shape[1] - prompt_len
+    sequences = _right_padded(done, config)
+    stats.new_tokens = sum(len(h) - prompt_len for h in done)
     stats.total_seconds = time.perf_counter() - start_time
     if not config.return_dict_in_generate:
         return sequences
@@ -462,14 +585,16 @@ def dflash_decoding(
     )
 
 
-def _leading_padding(attention_mask) -> int:
-    if attention_mask is None or bool(attention_mask.all()):
-        return 0
-    row = attention_mask[0]
-    padding = int(row.cumsum(0).eq(0).sum())
-    if not bool(row[padding:].all()):
-        raise ValueError("A DFlash drafter needs an attention_mask that only masks leading (left) padding.")
-    return padding
+def _right_padded(histories: list[torch.Tensor], config) -> torch.Tensor:
+    """Finished rows padded with pad_token_id to the longest row, as plain batched generate returns them."""
+    longest = max(len(h) for h in histories)
+    if all(len(h) == longest for h in histories):
+        return torch.stack(histories)
+    pad = config._pad_token_tensor
+    if pad is None:
+        raise ValueError("Batched generation with rows of different lengths needs a pad_token_id.")
+    pad = pad.reshape(-1)[:1].to(histories[0])
+    return torch.stack([torch.cat([h, pad.expand(longest - len(h))]) for h in histories])
 
 
 # ----------------------------------------------------------------------------------------------------------------------

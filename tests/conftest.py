@@ -129,15 +129,15 @@ def scripted_drafts(continuation, corrupt: float = 0.0, seed: int = 0, vocab_siz
     """
     continuation = [int(t) for t in torch.as_tensor(continuation).reshape(-1)]
     rng = random.Random(seed)
-    original = DFlashCandidateGenerator.get_candidates
+    original = DFlashCandidateGenerator.propose
     proposals = []
 
-    def get_candidates(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
-        candidates, scores = original(self, input_ids, context_hidden_states, num_drafts, **kwargs)
-        cur = input_ids.shape[1]
+    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
+        drafts, scores = original(self, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
+        cur = len(histories[0])
         if not hasattr(self, "_script_start"):
             self._script_start = cur - 1  # first call comes right after the prefill token
-        drafts = candidates[0, cur:].clone()
+        drafts = drafts[0].clone()
         vocab = vocab_size or scores.shape[-1]
         for j in range(drafts.shape[0]):
             index = cur - self._script_start + j
@@ -148,13 +148,13 @@ def scripted_drafts(continuation, corrupt: float = 0.0, seed: int = 0, vocab_siz
         proposals.append(drafts.tolist())
         point_mass = torch.full_like(scores, float("-inf"))
         point_mass[0, torch.arange(drafts.shape[0]), drafts] = 0.0
-        return torch.cat([input_ids, drafts[None].to(input_ids.device)], dim=1), point_mass
+        return drafts[None].to(histories[0].device), point_mass
 
-    DFlashCandidateGenerator.get_candidates = get_candidates
+    DFlashCandidateGenerator.propose = propose
     try:
         yield proposals
     finally:
-        DFlashCandidateGenerator.get_candidates = original
+        DFlashCandidateGenerator.propose = original
 
 
 def new_tokens(output, prompt) -> torch.Tensor:

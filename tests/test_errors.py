@@ -103,15 +103,20 @@ def test_block_size_too_small(setup):
         hf_dflash.DFlashDraftModel.from_target(target, block_size=1)
 
 
-def test_batch_size_above_one(setup):
+def test_batch_above_one_with_per_token_outputs(setup):
+    """Batches return sequences only; per-token outputs and per-row processor state need batch size 1."""
     target, _ = setup
     drafter = make_drafter(target, 8)
     batch = make_prompt(6, seed=3).expand(2, -1).clone()
-    for call in (
-        lambda: target.generate(batch, assistant_model=drafter, max_new_tokens=5),
-        lambda: target.generate(input_ids=batch, attention_mask=torch.ones_like(batch), assistant_model=drafter),
-    ):
-        assert_rejected_before_forward(target, drafter, call, "Batch size 2", "batch size 1", "once per prompt")
+    for flag in ("output_scores", "output_logits", "output_hidden_states"):
+        call = lambda: target.generate(  # noqa: E731
+            batch, assistant_model=drafter, max_new_tokens=5, return_dict_in_generate=True, **{flag: True}
+        )
+        assert_rejected_before_forward(target, drafter, call, "Batch size 2", "batch size 1", "one prompt at a time")
+    call = lambda: target.generate(  # noqa: E731
+        batch, assistant_model=drafter, max_new_tokens=5, prefix_allowed_tokens_fn=lambda b, ids: [1, 2]
+    )
+    assert_rejected_before_forward(target, drafter, call, "prefix_allowed_tokens_fn", "batch size 2")
 
 
 def test_num_beams_above_one(setup):

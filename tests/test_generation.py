@@ -328,12 +328,12 @@ def test_ordinary_assistant_goes_to_transformers(qwen3_target):
     prompt = make_prompt(6, seed=82)
     expected = plain_generate(target, prompt, max_new_tokens=20)
     calls = []
-    original = DFlashCandidateGenerator.get_candidates
+    original = DFlashCandidateGenerator.propose
     try:
-        DFlashCandidateGenerator.get_candidates = lambda *a, **k: calls.append(1) or original(*a, **k)
+        DFlashCandidateGenerator.propose = lambda *a, **k: calls.append(1) or original(*a, **k)
         got = target.generate(prompt, assistant_model=assistant, max_new_tokens=20, do_sample=False)
     finally:
-        DFlashCandidateGenerator.get_candidates = original
+        DFlashCandidateGenerator.propose = original
     assert_same(got, expected)
     assert not calls and not hasattr(assistant, "last_stats")
 

@@ -85,6 +85,8 @@ def _simulate(accept, q, p, n, seed):
     counts = collections.Counter()
     for i in range(n):
         accepted, tokens = accept(drafts[i : i + 1], q[None], p[None])
+        accepted = int(accepted)
+        tokens = tokens[:, : accepted + 1]  # a row commits its accepted drafts and one more token
         assert tokens.shape == (1, accepted + 1) and 0 <= accepted <= k
         assert tokens[0, :accepted].tolist() == drafts[i, :accepted].tolist()
         outcome = tokens[0].tolist() + fill[i, accepted + 1 :].tolist()
@@ -265,13 +267,13 @@ def _count_calls(monkeypatch, classes):
 
 def _count_drafting(monkeypatch):
     calls = []
-    original = DFlashCandidateGenerator.get_candidates
+    original = DFlashCandidateGenerator.propose
 
-    def spy(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
-        calls.append(num_drafts)
-        return original(self, input_ids, context_hidden_states, num_drafts, **kwargs)
+    def spy(self, *args, **kwargs):
+        calls.append(args[-1])  # num_drafts
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(DFlashCandidateGenerator, "get_candidates", spy)
+    monkeypatch.setattr(DFlashCandidateGenerator, "propose", spy)
     return calls
 
 
@@ -338,6 +340,6 @@ def test_processed_verify_scores_matches_per_position():
         [lp.NoRepeatNGramLogitsProcessor(2), lp.MinLengthLogitsProcessor(12, eos_token_id=3)],
     ):
         processors = lp.LogitsProcessorList(processors)
-        got = processed_verify_scores(processors, input_ids, drafts, logits)
+        got = processed_verify_scores(processors, list(input_ids), drafts, logits)
         for i in range(7):
             torch.testing.assert_close(got[:, i], processors(full[:, : 9 + i], logits[:, i].clone()))
