@@ -340,13 +340,13 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return self._choose(histories, logits)
 
     def get_candidates(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
-        """CandidateGenerator API for one unpadded sequence whose cache holds all but the last two... positions."""
-        cached = self.cache.get_seq_length()
-        length = input_ids.shape[1]
+        """CandidateGenerator API for one unpadded sequence: `context_hidden_states` [1, n, T*H] are the target
+        features of the positions after those already cached here, up to the anchor (the last token) excluded.
+        Returns ``(input_ids + drafts, draft_scores)``."""
+        cached, length = self.cache.get_seq_length(), input_ids.shape[1]
         positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
-        drafts, scores = self.propose(
-            list(input_ids), context_hidden_states, positions, torch.tensor([length - 1]), None, num_drafts
-        )
+        anchor = torch.tensor([length - 1], device=input_ids.device)
+        drafts, scores = self.propose(list(input_ids), context_hidden_states, positions, anchor, None, num_drafts)
         return torch.cat([input_ids, drafts], dim=1), scores
 
     def _choose(self, histories, logits):

@@ -443,3 +443,21 @@ def test_dict_outputs_attentions(qwen3_target):
         for x, y in zip(a, b):
             assert x.shape == y.shape
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+
+
+def test_candidate_generator_api(qwen3_target):
+    """DFlashCandidateGenerator is a transformers CandidateGenerator: get_candidates(input_ids, ...) works alone."""
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import CandidateGenerator
+
+    target, drafter = qwen3_target, make_drafter(qwen3_target, 8)
+    generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())
+    assert isinstance(generator, CandidateGenerator)
+    prompt = make_prompt(10, seed=7)
+    hidden = target(prompt[:, :-1], output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
+    candidates, scores = generator.get_candidates(prompt, context_hidden_states=features)
+    assert candidates.shape == (1, 10 + 7) and torch.equal(candidates[:, :10], prompt)
+    assert scores.shape == (1, 7, target.config.vocab_size)
+    assert torch.equal(candidates[0, 10:], scores[0].argmax(-1))
+    assert generator.cache.get_seq_length() == 9  # context K/V only: the block's were dropped
