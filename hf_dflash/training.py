@@ -54,6 +54,7 @@ logger = logging.get_logger(__name__)
 
 IGNORE_INDEX = -100
 GAMMA_SCHEDULES = ("constant", "per-epoch", "linear")
+VARIANTS = ("dflash", "dflare")
 # Paper values of the loss decay per block size; other sizes interpolate (and extrapolate) linearly.
 PAPER_GAMMAS = ((8, 4.0), (10, 5.0), (16, 7.0))
 RUN_ARGS_FILE = "run_args.json"
@@ -92,8 +93,15 @@ class DFlashTrainingArguments:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     gamma: float | None = field(default=None, metadata={"help": "Loss decay gamma (default: 7 @ B=16, 5 @ 10, 4 @ 8)."})
-    gamma_schedule: str = field(default="constant", metadata={"help": "constant | per-epoch | linear (DFlare).",
-                                                              "choices": GAMMA_SCHEDULES})
+    variant: str = field(default="dflash", metadata={
+        "help": "dflash, or dflare: layer-wise feature fusion + split context K/V + progressive gamma.",
+        "choices": VARIANTS})
+    layer_fusion: bool = field(default=False, metadata={"help": "DFlare layer-wise feature fusion (ablation: alone)."})
+    split_context_kv: bool = field(default=False, metadata={
+        "help": "DFlare separate K/V projections for context tokens (ablation: alone)."})
+    gamma_schedule: str | None = field(default=None, metadata={
+        "help": "constant | per-epoch | linear (default: per-epoch for DFlare drafters, constant for DFlash).",
+        "choices": GAMMA_SCHEDULES})
     gamma_start: float | None = field(default=None, metadata={"help": "First gamma of a schedule (default gamma-2.5)."})
     gamma_end: float | None = field(default=None, metadata={"help": "Last gamma of a schedule (default +1/epoch)."})
     target_layer_ids: list[int] | None = field(default=None, metadata={
@@ -121,6 +129,19 @@ class DFlashTrainingArguments:
     logging_steps: int = field(default=10, metadata={"help": "Log every N optimizer steps."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Hub repo id to upload the final drafter to."})
 
+    @property
+    def drafter_switches(self) -> dict[str, bool]:
+        """DFlare architecture switches: --variant dflare turns both on; each can be switched on alone."""
+        dflare = self.variant == "dflare"
+        return {"layer_fusion": dflare or self.layer_fusion, "split_context_kv": dflare or self.split_context_kv}
+
+    @property
+    def resolved_gamma_schedule(self) -> str:
+        """Progressive gamma is the DFlare recipe; DFlash keeps gamma constant unless told otherwise."""
+        if self.gamma_schedule is not None:
+            return self.gamma_schedule
+        return "per-epoch" if any(self.drafter_switches.values()) else "constant"
+
     def run_fingerprint(self) -> dict[str, Any]:
         """The fields that define the run: a resumed run must match them."""
         fingerprint = {k: v for k, v in asdict(self).items() if k not in NON_DEFINING_FIELDS}
@@ -142,7 +163,7 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
             raise ValueError(f"{name}={getattr(args, name)} must be >= 1.")
     if args.max_length < 2 * args.block_size:
         raise ValueError(f"max_length={args.max_length} leaves no room for 2 x block_size={args.block_size} tokens.")
-    if args.gamma_schedule not in GAMMA_SCHEDULES:
+    if args.gamma_schedule is not None and args.gamma_schedule not in GAMMA_SCHEDULES:
         raise ValueError(f"gamma_schedule={args.gamma_schedule!r}; choose one of {GAMMA_SCHEDULES}.")
     if not 0 <= args.eval_split < 1:
         raise ValueError(f"eval_split={args.eval_split} must be in [0, 1).")
@@ -245,11 +266,12 @@ def gamma_at(args: DFlashTrainingArguments, epoch: int, step: int, total_steps: 
         [4.5, 5.5, 6.5]
     """
     base = args.gamma if args.gamma is not None else default_gamma(args.block_size)
-    if args.gamma_schedule == "constant":
+    schedule = args.resolved_gamma_schedule
+    if schedule == "constant":
         return base
     start = args.gamma_start if args.gamma_start is not None else base - 2.5
     end = args.gamma_end if args.gamma_end is not None else start + (args.epochs - 1)
-    if args.gamma_schedule == "per-epoch":
+    if schedule == "per-epoch":
         fraction = epoch / max(1, args.epochs - 1)
     else:
         fraction = step / max(1, total_steps - 1)
@@ -674,7 +696,7 @@ class DFlashTrainer:
         set_seed(args.seed)
         drafter = DFlashDraftModel.from_target(
             target, num_hidden_layers=args.num_layers, block_size=args.block_size,
-            target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id,
+            target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
         )  # raises a ValueError for layer ids the target does not have
         self.attn_implementation = resolve_attn_implementation(args.attn_implementation, device)
         drafter.config._attn_implementation = self.attn_implementation

@@ -273,3 +273,31 @@ def test_bad_inputs_fail_early(workdir, data_file, target_dir, target_and_tokeni
     DFlashTrainer(small_args(data_file, workdir / "bad5"), target, tokenizer)  # records its run settings
     with pytest.raises(ValueError, match="different run.*num_layers: saved 1, now 3"):
         DFlashTrainer(small_args(data_file, workdir / "bad5", num_layers=3), target, tokenizer)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# DFlare through the same trainer
+def test_dflare_variant_defaults_to_progressive_gamma():
+    dflash = DFlashTrainingArguments("t", "d", "o")
+    dflare = DFlashTrainingArguments("t", "d", "o", variant="dflare", epochs=3)
+    fusion_only = DFlashTrainingArguments("t", "d", "o", layer_fusion=True)
+    assert dflash.resolved_gamma_schedule == "constant" and dflash.drafter_switches == {
+        "layer_fusion": False, "split_context_kv": False}
+    assert dflare.resolved_gamma_schedule == "per-epoch"
+    assert [gamma_at(dflare, e, 0, 30) for e in range(3)] == [4.5, 5.5, 6.5]
+    assert fusion_only.drafter_switches == {"layer_fusion": True, "split_context_kv": False}
+    assert DFlashTrainingArguments("t", "d", "o", variant="dflare", gamma_schedule="constant").resolved_gamma_schedule \
+        == "constant"
+
+
+@pytest.mark.parametrize("switches", [{"variant": "dflare"}, {"layer_fusion": True}, {"split_context_kv": True}])
+def test_dflare_drafters_train_and_save_in_angelslim_layout(workdir, data_file, target_and_tokenizer, switches):
+    target, tokenizer = target_and_tokenizer
+    name = "-".join(f"{k}" for k in switches)
+    args = small_args(data_file, workdir / f"dflare-{name}", epochs=1, max_steps=3, eval_split=0.0, **switches)
+    DFlashTrainer(args, target, tokenizer).train()
+    config = json.loads((Path(args.output_dir) / "config.json").read_text())
+    assert config["architectures"] == ["QwenDFlareDraftModel"]
+    drafter = DFlashDraftModel.from_pretrained(args.output_dir)
+    assert drafter.config.layer_fusion == (switches.get("variant") == "dflare" or "layer_fusion" in switches)
+    assert drafter.config.split_context_kv == (switches.get("variant") == "dflare" or "split_context_kv" in switches)
