@@ -483,6 +483,83 @@ def save_plot(report: dict, path: str | Path) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# batched throughput
+def left_padded_batch(prompts: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, n_i] prompts -> left-padded ids [b, max n] and their attention mask."""
+    longest = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_token_id, dtype=torch.long, device=prompts[0].device)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - prompt.shape[1] :] = prompt[0]
+        mask[row, longest - prompt.shape[1] :] = 1
+    return ids, mask
+
+
+def new_token_count(output: torch.Tensor, prompt_length: int, pad_token_id: int) -> int:
+    """Generated tokens in a batch output, without the padding of rows that finished early."""
+    return int((output[:, prompt_length:] != pad_token_id).sum())
+
+
+def run_batch_benchmark(target, tokenizer, drafter, prompts: list[str], batch_sizes: list[int],
+                        max_new_tokens: int = 128, repeats: int = 2) -> list[dict]:
+    """Tokens/s of plain batched generate vs the DFlash path at each batch size, measured side by side.
+
+    Each batch size runs the first `b` prompts, alternating plain and DFlash `repeats` times (medians), and checks
+    the outputs are identical.
+
+    Example:
+        >>> rows = run_batch_benchmark(target, tok, drafter, load_eval_prompts("gsm8k", 16), [1, 4, 16])  # doctest: +SKIP
+        >>> rows[0]["speedup"]  # doctest: +SKIP
+    """
+    pad = target.generation_config.pad_token_id
+    if pad is None:
+        eos = target.generation_config.eos_token_id
+        pad = eos[0] if isinstance(eos, list) else eos
+    encoded = [chat_input_ids(tokenizer, p, target.device) for p in prompts]
+    rows = []
+    for batch_size in tqdm(batch_sizes, desc="batch bench", unit="batch size"):
+        if batch_size > len(encoded):
+            raise ValueError(f"batch size {batch_size} needs {batch_size} prompts, got {len(encoded)}.")
+        ids, mask = left_padded_batch(encoded[:batch_size], pad)
+        settings = dict(attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+        times = {"plain": [], "dflash": []}
+        outputs = {}
+        for _ in range(repeats):
+            for method, extra in (("plain", {}), ("dflash", {"assistant_model": drafter})):
+                synchronize(target.device)
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    outputs[method] = target.generate(ids, **settings, **extra)
+                synchronize(target.device)
+                times[method].append(time.perf_counter() - start)
+        tokens = new_token_count(outputs["plain"], ids.shape[1], pad)
+        plain_s, dflash_s = statistics.median(times["plain"]), statistics.median(times["dflash"])
+        rows.append({
+            "batch_size": batch_size,
+            "new_tokens": tokens,
+            "plain_tokens_per_s": tokens / plain_s,
+            "dflash_tokens_per_s": tokens / dflash_s,
+            "speedup": plain_s / dflash_s,
+            "tau": drafter.last_stats.mean_acceptance_length,
+            "identical": bool(torch.equal(outputs["plain"], outputs["dflash"])),
+        })
+    return rows
+
+
+def batch_markdown(rows: list[dict]) -> str:
+    lines = [
+        "| batch | plain tok/s | DFlash tok/s | speedup | tau | identical |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['batch_size']} | {r['plain_tokens_per_s']:.1f} | {r['dflash_tokens_per_s']:.1f} | "
+            f"{r['speedup']:.2f}x | {r['tau']:.2f} | {'yes' if r['identical'] else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # command line
 def comma_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
@@ -514,6 +591,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", default=None, help="write the report as JSON")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown")
     parser.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
+    parser.add_argument(
+        "--batch-sizes", type=comma_list, default=None,
+        help="instead of the method comparison: plain vs DFlash tokens/s at these batch sizes, e.g. 1,4,8,16",
+    )
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(func=main)
 
@@ -524,6 +605,17 @@ def main(args: argparse.Namespace) -> int:
     target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
     drafter = load_drafter(args.drafter, target) if any("dflash" in m for m in args.methods) else None
     prompts = {name: load_eval_prompts(name, args.limit) for name in args.datasets}
+    if args.batch_sizes:
+        sizes = [int(b) for b in args.batch_sizes]
+        pool = [p for texts in prompts.values() for p in texts]
+        rows = run_batch_benchmark(target, tokenizer, drafter, pool, sizes, args.max_new_tokens)
+        text = batch_markdown(rows)
+        print(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        if args.markdown:
+            Path(args.markdown).write_text(text, encoding="utf-8")
+        return 0 if all(r["identical"] for r in rows) else 1
     report = run_benchmark(
         target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer
     )

@@ -248,6 +248,18 @@ def test_run_benchmark_on_a_tiny_model(tiny_folder, tmp_path):
     assert plotted == (tmp_path / "plot.png").exists()
 
 
+def test_batch_benchmark_on_a_tiny_model(tiny_folder):
+    target, tokenizer = targets.load_target(tiny_folder / "target")
+    drafter = targets.load_drafter(tiny_folder / "drafter", target)
+    prompts = ["What is 2+3?", "Write a poem.", "Hi", "Name three colours of the rainbow."]
+    rows = bench.run_batch_benchmark(target, tokenizer, drafter, prompts, [1, 4], max_new_tokens=10, repeats=1)
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    for row in rows:
+        assert row["identical"] is True and row["new_tokens"] > 0
+        assert row["plain_tokens_per_s"] > 0 and row["dflash_tokens_per_s"] > 0 and row["tau"] >= 1.0
+    assert "| 4 |" in bench.batch_markdown(rows)
+
+
 def test_bench_command_writes_json_and_markdown(tiny_folder, fake_eval_wheels, tmp_path):
     out = tmp_path / "bench.json"
     code = cli.main([
