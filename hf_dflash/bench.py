@@ -475,7 +475,8 @@ def save_plot(report: dict, path: str | Path) -> bool:
     right.set_ylabel("acceptance rate")
     right.set_ylim(0, 1)
     right.legend(fontsize=8)
-    fig.suptitle(f"{report['config']['target']} ({report['config']['device']}, {report['config']['dtype']})")
+    config = report["config"]
+    fig.suptitle(f"{Path(config['target']).name}: {config['device']}, {config['dtype']}, {config['threads']} threads")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -595,12 +596,15 @@ def add_parser(subparsers) -> None:
         "--batch-sizes", type=comma_list, default=None,
         help="instead of the method comparison: plain vs DFlash tokens/s at these batch sizes, e.g. 1,4,8,16",
     )
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     """Exit code 0 when every method's output equals plain generate on every prompt, else 1."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
     drafter = load_drafter(args.drafter, target) if any("dflash" in m for m in args.methods) else None

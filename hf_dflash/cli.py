@@ -7,6 +7,7 @@ arguments and sets ``func`` (called with the parsed namespace, returns an exit c
 
 import argparse
 import importlib
+import logging as std_logging
 import sys
 
 from transformers.utils import logging
@@ -28,9 +29,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(verbose: bool) -> None:
+    """Our loggers (`hf_dflash.*`) follow transformers' verbosity and print through a handler of their own:
+    they are not children of the `transformers` logger, so `set_verbosity_*` alone would not reach them."""
+    level = std_logging.INFO if verbose else std_logging.WARNING
+    logging.set_verbosity(level)
+    package_logger = std_logging.getLogger("hf_dflash")
+    package_logger.setLevel(level)
+    if not package_logger.handlers:
+        handler = std_logging.StreamHandler()
+        handler.setFormatter(std_logging.Formatter("[%(name)s] %(message)s"))
+        package_logger.addHandler(handler)
+        package_logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.set_verbosity_info() if getattr(args, "verbose", False) else logging.set_verbosity_warning()
+    configure_logging(getattr(args, "verbose", False))
     return int(args.func(args) or 0)
 
 

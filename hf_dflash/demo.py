@@ -120,11 +120,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto")
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 otherwise), float32, ...")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
     drafter = load_drafter(args.drafter, target)

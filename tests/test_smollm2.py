@@ -6,6 +6,9 @@ Slow (first run downloads 93 MB and converts the GGUF, ~1 min; later ~1 s to loa
 only losslessness is checked, since an untrained drafter's tau is ~1).
 """
 
+import json
+import os
+
 import pytest
 import torch
 
@@ -23,8 +26,19 @@ PROMPTS = (
     "How many clips did Natalia sell altogether in April and May?",
 )
 MAX_NEW_TOKENS = 48
-# Regression floor for the shipped demo drafter (mean tokens per verification over PROMPTS).
-TAU_FLOOR = 2.0
+
+
+def tau_floor() -> float:
+    """Regression floor for the shipped drafter's tau over PROMPTS: ``$HF_DFLASH_TAU_FLOOR`` if set, else 80% of the
+    generation tau recorded at training time in the drafter's ``eval.json`` (at least 1.0), else 1.5."""
+    if os.environ.get("HF_DFLASH_TAU_FLOOR"):
+        return float(os.environ["HF_DFLASH_TAU_FLOOR"])
+    record = DEMO_DRAFTER_DIR / "eval.json"
+    if record.exists():
+        recorded = json.loads(record.read_text()).get("generate", {}).get("tau")
+        if recorded:
+            return max(1.0, 0.8 * float(recorded))
+    return 1.5
 
 
 @pytest.fixture(scope="module")
@@ -64,5 +78,5 @@ def test_shipped_drafter_reaches_the_tau_floor(smollm2):
     for prompt in PROMPTS:
         run = timed_generation(target, chat_input_ids(tokenizer, prompt), MAX_NEW_TOKENS, "dflash", drafter)
         lengths += run.stats.acceptance_lengths
-    tau = sum(lengths) / len(lengths)
-    assert tau >= TAU_FLOOR, f"tau {tau:.2f} < floor {TAU_FLOOR}"
+    tau, floor = sum(lengths) / len(lengths), tau_floor()
+    assert tau >= floor, f"tau {tau:.2f} < floor {floor:.2f}"

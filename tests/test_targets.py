@@ -298,3 +298,14 @@ def test_demo_exit_code_is_one_when_outputs_differ(tiny_folder, monkeypatch):
     monkeypatch.setattr(demo, "timed_generation", corrupted)
     comparisons = demo.run_demo(target, tokenizer, drafter, ["Hi"], max_new_tokens=6)
     assert not comparisons[0].identical and "identical: NO" in demo.summary_line(comparisons)
+
+
+def test_cli_verbose_reaches_our_loggers():
+    import logging
+
+    from hf_dflash.cli import configure_logging
+
+    configure_logging(verbose=True)
+    assert logging.getLogger("hf_dflash.training").getEffectiveLevel() == logging.INFO
+    configure_logging(verbose=False)
+    assert logging.getLogger("hf_dflash.training").getEffectiveLevel() == logging.WARNING
