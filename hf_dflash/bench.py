@@ -89,6 +89,19 @@ class ForwardCounter:
         self.handle.remove()
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first new token where two outputs differ (a shorter output differs where it ends), else None.
+
+    Example:
+        >>> first_difference([1, 2, 3], [1, 5, 3]), first_difference([1, 2], [1, 2, 3]), first_difference([1], [1])
+        (1, 2, None)
+    """
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work, so wall-clock times cover it (no-op on CPU)."""
     if device.type == "cuda":
@@ -237,16 +250,19 @@ def acceptance_by_position(stats: list[DFlashStats]) -> list[float]:
 
 
 def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
-    """Per-method figures over a set of prompts (one dataset, or all)."""
+    """Per-method figures over a set of prompts (one dataset, or all).
+
+    Times are medians over prompts (a shared machine's load spikes hit single runs): ``tokens_per_s`` is the median
+    per-prompt rate, ``speedup`` the median per-prompt ratio to plain, t(1) the median plain per-token time.
+    """
     summary = {}
-    plain_runs = [r.runs["plain"] for r in results]
-    t1 = sum(run.seconds for run in plain_runs) / max(1, sum(len(run.new_tokens) for run in plain_runs))
+    t1 = statistics.median(r.runs["plain"].seconds / max(1, len(r.runs["plain"].new_tokens)) for r in results)
     for method in methods:
         runs = [r.runs[method] for r in results]
         seconds = sum(run.seconds for run in runs)
         entry = {
             "tau": method_tau(method, results),
-            "tokens_per_s": sum(len(run.new_tokens) for run in runs) / seconds if seconds > 0 else 0.0,
+            "tokens_per_s": statistics.median(run.tokens_per_second for run in runs),
             "speedup": statistics.median(r.speedup(method) for r in results) if results else None,
             "identical": all(r.identical(method) for r in results),
             "prompts": len(results),
@@ -262,20 +278,23 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
 def cycle_costs(stats: list[DFlashStats], t1: float) -> dict:
     """Per-cycle draft/verify times, plain per-token time t(1), and the speedup ceiling they allow.
 
-    ceiling = tau * t(1) / (t(verify) + t(draft)): the speedup of a loop with zero overhead beyond the two forwards.
+    tau pools all verifications; t(draft) and t(verify) are medians over prompts of the per-cycle means (t1 is given,
+    see :func:`summary_of`). ceiling = tau * t(1) / (t(verify) + t(draft)): the speedup of a loop with zero overhead
+    beyond its two forwards.
     """
+    stats = [s for s in stats if s.num_verifications > 0]
     cycles = sum(s.num_verifications for s in stats)
     if cycles == 0:
         return {}
     tau = sum(sum(s.acceptance_lengths) for s in stats) / cycles
-    t_draft = sum(s.draft_seconds for s in stats) / cycles
-    t_verify = sum(s.verify_seconds for s in stats) / cycles
+    t_draft = statistics.median(s.draft_seconds / s.num_verifications for s in stats)
+    t_verify = statistics.median(s.verify_seconds / s.num_verifications for s in stats)
     return {
         "cycles": cycles,
         "t1_ms": 1e3 * t1,
         "t_draft_ms": 1e3 * t_draft,
         "t_verify_ms": 1e3 * t_verify,
-        "prefill_ms": 1e3 * sum(s.prefill_seconds for s in stats) / len(stats),
+        "prefill_ms": 1e3 * statistics.median(s.prefill_seconds for s in stats),
         "ceiling": tau * t1 / (t_draft + t_verify) if t_draft + t_verify > 0 else None,
         "acceptance_by_position": acceptance_by_position(stats),
         "acceptance_length_histogram": acceptance_histogram(stats),
@@ -338,7 +357,10 @@ def run_benchmark(
                         )
                     for method in methods[1:]:
                         if not result.identical(method):
-                            logger.warning(f"{method} differs from plain generate on {name} prompt {index}.")
+                            at = first_difference(result.runs[method].new_tokens, result.runs["plain"].new_tokens)
+                            logger.warning(
+                                f"{method} differs from plain generate on {name} prompt {index}, from new token {at}."
+                            )
                     results.append(result)
                     bar.update(1)
     finally:
@@ -406,7 +428,7 @@ def markdown_report(report: dict) -> str:
         f"{config['device']}/{config['dtype']}, {config['threads']} threads, greedy, max_new_tokens="
         f"{config['max_new_tokens']}, prompts per dataset: {config['datasets']}.",
         "",
-        "| dataset | method | tau | tokens/s | speedup (median) | identical |",
+        "| dataset | method | tau | tokens/s (median) | speedup (median) | identical |",
         "|---|---|---|---|---|---|",
     ]
     for name, per_method in results.items():
@@ -419,7 +441,7 @@ def markdown_report(report: dict) -> str:
     if costs:
         lines += [
             "",
-            "hf-dflash per cycle: ceiling = tau x t(1) / (t(verify) + t(draft)).",
+            "hf-dflash per cycle (medians over prompts): ceiling = tau x t(1) / (t(verify) + t(draft)).",
             "",
             "| dataset | tau | t(1) ms | t(draft) ms | t(verify) ms | ceiling | measured |",
             "|---|---|---|---|---|---|---|",

@@ -451,7 +451,8 @@ def dflash_decoding(
     do_sample = bool(config.do_sample)
     device = input_ids.device
 
-    cache = model_kwargs.get("past_key_values")
+    # transformers 5.24 renamed the generate kwarg `past_key_values` to `cache`
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))
     if cache is None:
         cache = DynamicCache(config=target.config)
     if cache.get_seq_length() > 0:
