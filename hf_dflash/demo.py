@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import logging
 
-from .bench import Run, timed_generation
+from .bench import Run, first_difference, timed_generation
 from .prompts import chat_input_ids
 from .targets import load_drafter, load_target, resolve_device, resolve_dtype
 
@@ -90,6 +90,9 @@ def run_demo(target, tokenizer, drafter, prompts=DEFAULT_PROMPTS, max_new_tokens
             f"dflash {c.dflash.tokens_per_second:.1f} tok/s | tau {c.tau:.2f} | speedup {c.speedup:.2f}x | "
             f"identical: {'yes' if c.identical else 'NO'}"
         )
+        if not c.identical:
+            at = first_difference(c.plain.new_tokens, c.dflash.new_tokens)
+            print(f"  outputs differ from new token {at} onwards")
     return comparisons
 
 

@@ -218,6 +218,8 @@ def test_acceptance_summaries():
     stats = [hf_dflash.DFlashStats(block_size=4, acceptance_lengths=[1, 4]), hf_dflash.DFlashStats(4, [2, 1])]
     assert bench.acceptance_histogram(stats) == [2, 1, 0, 1]
     assert bench.acceptance_by_position(stats) == [0.5, 0.25, 0.25]
+    assert bench.first_difference([1, 2, 3], [1, 5, 3]) == 1 and bench.first_difference([1, 2], [1, 2]) is None
+    assert bench.first_difference([1, 2], [1, 2, 3]) == 2
     costs = bench.cycle_costs(stats, t1=0.01)
     assert costs["cycles"] == 4 and costs["acceptance_by_position"] == [0.5, 0.25, 0.25]
 
@@ -284,7 +286,7 @@ def test_demo_command_reports_identical_outputs(tiny_folder, capsys):
     assert "[2/2] Why?" in out and "outputs identical: yes" in out and "tau" in out
 
 
-def test_demo_exit_code_is_one_when_outputs_differ(tiny_folder, monkeypatch):
+def test_demo_exit_code_is_one_when_outputs_differ(tiny_folder, monkeypatch, capsys):
     target, tokenizer = targets.load_target(tiny_folder / "target")
     drafter = targets.load_drafter(tiny_folder / "drafter", target)
     real = bench.timed_generation
@@ -298,6 +300,7 @@ def test_demo_exit_code_is_one_when_outputs_differ(tiny_folder, monkeypatch):
     monkeypatch.setattr(demo, "timed_generation", corrupted)
     comparisons = demo.run_demo(target, tokenizer, drafter, ["Hi"], max_new_tokens=6)
     assert not comparisons[0].identical and "identical: NO" in demo.summary_line(comparisons)
+    assert "outputs differ from new token" in capsys.readouterr().out
 
 
 def test_cli_verbose_reaches_our_loggers():
