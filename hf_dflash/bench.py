@@ -34,7 +34,7 @@ from transformers.utils import logging
 
 from .generation_dflash import DFlashStats, builtin_generation
 from .prompts import DATASET_LICENSES, DATASETS, chat_input_ids, load_eval_prompts
-from .targets import load_drafter, load_target, resolve_device, resolve_dtype
+from .targets import add_model_arguments, load_models_from_args
 
 
 logger = logging.get_logger(__name__)
@@ -595,8 +595,7 @@ def add_parser(subparsers) -> None:
         help="benchmark DFlash against plain decoding, prompt lookup, early exit and transformers' DFlash",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--target", default=None, help="Hub id or folder (default: offline SmolLM2-135M-Instruct)")
-    parser.add_argument("--drafter", default=None, help="Hub id or folder (default: shipped demo drafter)")
+    add_model_arguments(parser)
     parser.add_argument(
         "--datasets", type=comma_list, default=list(DATASETS), help=f"comma list of {','.join(DATASETS)}"
     )
@@ -609,8 +608,6 @@ def add_parser(subparsers) -> None:
         help=f"comma list of {','.join(METHODS)} (plain always runs)",
     )
     parser.add_argument("--early-exit-layer", type=int, default=None, help="default: a third of the target's depth")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 otherwise), float32, ...")
     parser.add_argument("--json", default=None, help="write the report as JSON")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown")
     parser.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
@@ -618,39 +615,34 @@ def add_parser(subparsers) -> None:
         "--batch-sizes", type=comma_list, default=None,
         help="instead of the method comparison: plain vs DFlash tokens/s at these batch sizes, e.g. 1,4,8,16",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(func=main)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Exit code 0 when every method's output equals plain generate on every prompt, else 1."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
-    drafter = load_drafter(args.drafter, target) if any("dflash" in m for m in args.methods) else None
-    prompts = {name: load_eval_prompts(name, args.limit) for name in args.datasets}
-    if args.batch_sizes:
-        sizes = [int(b) for b in args.batch_sizes]
-        pool = [p for texts in prompts.values() for p in texts]
-        rows = run_batch_benchmark(target, tokenizer, drafter, pool, sizes, args.max_new_tokens)
-        text = batch_markdown(rows)
-        print(text)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-        if args.markdown:
-            Path(args.markdown).write_text(text, encoding="utf-8")
-        return 0 if all(r["identical"] for r in rows) else 1
-    report = run_benchmark(
-        target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer
-    )
-    text = markdown_report(report)
+def write_outputs(args: argparse.Namespace, report, text: str) -> None:
+    """Print the Markdown; write it and the JSON report where --markdown / --json ask."""
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if args.markdown:
         Path(args.markdown).write_text(text, encoding="utf-8")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Exit code 0 when every method's output equals plain generate on every prompt, else 1."""
+    with_drafter = bool(args.batch_sizes) or any("dflash" in m for m in args.methods)
+    target, tokenizer, drafter, _ = load_models_from_args(args, with_drafter)
+    prompts = {name: load_eval_prompts(name, args.limit) for name in args.datasets}
+    if args.batch_sizes:
+        sizes = [int(b) for b in args.batch_sizes]
+        pool = [p for texts in prompts.values() for p in texts]
+        rows = run_batch_benchmark(target, tokenizer, drafter, pool, sizes, args.max_new_tokens)
+        write_outputs(args, rows, batch_markdown(rows))
+        return 0 if all(r["identical"] for r in rows) else 1
+    report = run_benchmark(
+        target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer
+    )
+    write_outputs(args, report, markdown_report(report))
     if args.plot:
         save_plot(report, args.plot)
     if not all_identical(report):

@@ -138,6 +138,6 @@ def validate_architecture(config_dict: dict) -> None:
 # AutoModel.from_pretrained(..., trust_remote_code=True) and the installed package agree on one class.
 if not __name__.startswith("hf_dflash."):
     try:
-        from hf_dflash.configuration_dflash import DFlashConfig  # noqa: F811
+        from hf_dflash.configuration_dflash import DFlashConfig  # noqa: F401, F811
     except ImportError:
         pass

@@ -22,7 +22,7 @@ from transformers.utils import logging
 
 from .bench import Run, first_difference, timed_generation
 from .prompts import chat_input_ids
-from .targets import load_drafter, load_target, resolve_device, resolve_dtype
+from .targets import add_model_arguments, load_models_from_args
 
 
 logger = logging.get_logger(__name__)
@@ -117,23 +117,15 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo", help="answer a few prompts with and without a DFlash drafter", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--target", default=None, help="Hub id or folder (default: offline SmolLM2-135M-Instruct)")
-    parser.add_argument("--drafter", default=None, help="Hub id or folder (default: shipped demo drafter)")
+    add_model_arguments(parser)
     parser.add_argument("--prompt", dest="prompts", nargs="+", default=None, help="one or more prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 otherwise), float32, ...")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
-    drafter = load_drafter(args.drafter, target)
+    target, tokenizer, drafter, device = load_models_from_args(args)
     name = getattr(target.config, "_name_or_path", "") or type(target).__name__
     print(
         f"target {name} ({target.config.get_text_config().num_hidden_layers} layers) on {device}/"

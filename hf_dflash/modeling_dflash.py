@@ -427,6 +427,6 @@ DFlashConfig.register_for_auto_class("AutoConfig")
 # When hf_dflash is installed, a remote-code copy of this module hands back the installed class (see config module).
 if not __name__.startswith("hf_dflash."):
     try:
-        from hf_dflash.modeling_dflash import DFlashDraftModel  # noqa: F811
+        from hf_dflash.modeling_dflash import DFlashDraftModel  # noqa: F401, F811
     except ImportError:
         pass

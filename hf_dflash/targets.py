@@ -283,3 +283,22 @@ def load_drafter(
     else:
         drafter = DFlashDraftModel.from_pretrained(str(name_or_path), dtype=target.dtype)
     return drafter.to(device=target.device, dtype=target.dtype).eval()
+
+
+def add_model_arguments(parser) -> None:
+    """The target/drafter/device options shared by ``hf-dflash demo`` and ``hf-dflash bench``."""
+    parser.add_argument("--target", default=None, help="Hub id or folder (default: offline SmolLM2-135M-Instruct)")
+    parser.add_argument("--drafter", default=None, help="Hub id or folder (default: shipped demo drafter)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto")
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 otherwise), float32, ...")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def load_models_from_args(args, with_drafter: bool = True):
+    """(target, tokenizer, drafter or None, device) from the options of :func:`add_model_arguments`."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    drafter = load_drafter(args.drafter, target) if with_drafter else None
+    return target, tokenizer, drafter, device

@@ -2,7 +2,6 @@
 """Issue 2, lossless verification: greedy generate(assistant_model=drafter) equals generate() token for token."""
 
 import contextlib
-import io
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ from hf_dflash.generation_dflash import DFlashCandidateGenerator
 from conftest import (
     VOCAB,
     CollectingStreamer,
-    cached_target,
     make_drafter,
     make_prompt,
     make_target,
