@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json" and text.lstrip().startswith("["):
         return list(_iter_json_array(text, str(path)))
-    return list(_iter_json_lines(text, str(path)))
+    return list(_iter_json_lines(io.StringIO(text), str(path)))  # splits on \n only, like a file
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
@@ -88,29 +89,20 @@ def iter_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     path = Path(path)
     if path.is_file() and path.suffix not in (".json", ".parquet"):
         with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as error:
-                    if not line.endswith("\n"):
-                        logger.warning(f"{path}: ignoring the incomplete last line (an interrupted write).")
-                        return
-                    raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}).") from None
+            yield from _iter_json_lines(f, str(path))
         return
     yield from read_records(path)
 
 
-def _iter_json_lines(text: str, name: str) -> Iterator[dict]:
-    lines = text.splitlines()
+def _iter_json_lines(lines: Iterable[str], name: str) -> Iterator[dict]:
+    """Records of JSON lines (line endings kept). A last line without its newline is an interrupted write: skipped."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             yield json.loads(line)
         except json.JSONDecodeError as error:
-            if number == len(lines) and not text.endswith("\n"):
+            if not line.endswith("\n"):
                 logger.warning(f"{name}: ignoring the incomplete last line (an interrupted write).")
                 return
             raise ValueError(f"{name}, line {number}: not valid JSON ({error.msg}).") from None
@@ -343,7 +335,7 @@ def done_indices(output: str | os.PathLike) -> set[int]:
         if not path.exists():
             continue
         _truncate_incomplete_last_line(path)
-        for record in _iter_json_lines(path.read_text(encoding="utf-8"), str(path)):
+        for record in iter_records(path):
             done.add(int(record["index"]))
     return done
 
@@ -617,19 +609,23 @@ def dataclass_from_namespace(cls, namespace: argparse.Namespace):
     return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)})
 
 
+def add_dataclass_command(subparsers, name: str, cls, run, help: str, description: str) -> None:
+    """Register `hf-dflash NAME`: one flag per field of dataclass `cls`; prints `run(instance)` as JSON."""
+    parser = subparsers.add_parser(name, help=help, description=description)
+    add_dataclass_arguments(parser, cls)
+    parser.add_argument("--verbose", action="store_true", help="Log progress details.")
+
+    def command(namespace: argparse.Namespace) -> int:
+        print(json.dumps(run(dataclass_from_namespace(cls, namespace))))
+        return 0
+
+    parser.set_defaults(func=command)
+
+
 def add_parser(subparsers) -> None:
     """Register `hf-dflash regenerate`."""
-    parser = subparsers.add_parser(
-        "regenerate",
+    add_dataclass_command(
+        subparsers, "regenerate", RegenerationArguments, regenerate,
         help="Regenerate training responses with the target (resumable JSONL).",
         description="Generate the target's own responses to a prompt set, as DFlash training data.",
     )
-    add_dataclass_arguments(parser, RegenerationArguments)
-    parser.add_argument("--verbose", action="store_true", help="Log progress details.")
-    parser.set_defaults(func=_run_regenerate)
-
-
-def _run_regenerate(namespace: argparse.Namespace) -> int:
-    counts = regenerate(dataclass_from_namespace(RegenerationArguments, namespace))
-    print(json.dumps(counts))
-    return 0

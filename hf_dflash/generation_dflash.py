@@ -276,7 +276,7 @@ def speculative_accept(drafts, draft_probs, target_probs):
 
 def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
     """CPU fp32 GEMMs with 9..15 rows cost more than with 16 (a faster kernel starts at 16): round up there."""
-    return 16 if device.type == "cpu" and 9 <= rows * batch < 16 and batch == 1 else rows
+    return 16 if device.type == "cpu" and batch == 1 and 9 <= rows < 16 else rows
 
 
 # ----------------------------------------------------------------------------------------------------------------------

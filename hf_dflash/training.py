@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import json
@@ -39,8 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from transformers.utils import logging
 
 from .data import (
-    add_dataclass_arguments,
-    dataclass_from_namespace,
+    add_dataclass_command,
     load_prompts,
     load_training_samples,
     prompt_text,
@@ -1064,17 +1062,9 @@ def train(args: DFlashTrainingArguments, **kwargs) -> dict[str, Any]:
 # command line
 def add_parser(subparsers) -> None:
     """Register `hf-dflash train`."""
-    parser = subparsers.add_parser(
-        "train",
+    add_dataclass_command(
+        subparsers, "train", DFlashTrainingArguments,
+        lambda args: {k: v for k, v in train(args).items() if k != "generate"},
         help="Train a DFlash drafter on regenerated data (runs under `accelerate launch` on N GPUs).",
         description="Train a DFlash drafter against its frozen target. N GPUs: accelerate launch -m hf_dflash train.",
     )
-    add_dataclass_arguments(parser, DFlashTrainingArguments)
-    parser.add_argument("--verbose", action="store_true", help="Log every logging step.")
-    parser.set_defaults(func=_run_train)
-
-
-def _run_train(namespace: argparse.Namespace) -> int:
-    results = train(dataclass_from_namespace(DFlashTrainingArguments, namespace))
-    print(json.dumps({k: v for k, v in results.items() if k != "generate"}))
-    return 0
