@@ -9,7 +9,9 @@ slows them alike; the order rotates from prompt to prompt):
 - ``early_exit``: transformers' self-speculation (``assistant_early_exit=N``, N ~ a third of the depth);
 - ``builtin_dflash``: transformers' own DFlash generator driving our drafter
   (``with hf_dflash.builtin_generation(): generate(..., assistant_model=drafter, speculation_type="dflash")``);
-- ``dflash``: this package's DFlash loop (``generate(..., assistant_model=drafter)``).
+- ``dflash``: this package's DFlash loop (``generate(..., assistant_model=drafter)``);
+- ``dflash_heuristic``: the same loop verifying an adaptive number of drafts per cycle
+  (``num_assistant_tokens_schedule="heuristic"``: +2 after a fully accepted block, -1 otherwise).
 
 Reported per dataset and overall: tau (tokens per target forward: ``drafter.last_stats`` for ours, counted target
 forwards for the others), acceptance by block position, tokens/s, speedup vs plain (median of per-prompt ratios),
@@ -39,13 +41,14 @@ from .targets import add_model_arguments, load_models_from_args
 
 logger = logging.get_logger(__name__)
 
-METHODS: tuple[str, ...] = ("plain", "pld", "early_exit", "builtin_dflash", "dflash")
+METHODS: tuple[str, ...] = ("plain", "pld", "early_exit", "builtin_dflash", "dflash", "dflash_heuristic")
 METHOD_LABELS = {
     "plain": "plain generate",
     "pld": "prompt lookup (10)",
     "early_exit": "early exit",
     "builtin_dflash": "transformers DFlash",
     "dflash": "hf-dflash (ours)",
+    "dflash_heuristic": "hf-dflash, heuristic draft length",
 }
 PROMPT_LOOKUP_TOKENS = 10
 
@@ -135,6 +138,8 @@ def method_kwargs(method: str, drafter=None, early_exit_layer: int | None = None
         return {"assistant_model": drafter, "speculation_type": "dflash"}
     if method == "dflash":
         return {"assistant_model": drafter}
+    if method == "dflash_heuristic":
+        return {"assistant_model": drafter, "num_assistant_tokens_schedule": "heuristic"}
     raise ValueError(f"Unknown method {method!r}; choose from {list(METHODS)}.")
 
 
@@ -175,7 +180,7 @@ def timed_generation(
         )
     synchronize(input_ids.device)
     seconds = time.perf_counter() - start
-    stats = drafter.last_stats if method == "dflash" else None
+    stats = drafter.last_stats if method.startswith("dflash") else None
     forwards = counter.calls if counter is not None else 0
     return Run(output[0, input_ids.shape[1] :].tolist(), seconds, forwards, stats)
 
@@ -209,7 +214,7 @@ def method_tau(method: str, results: list[PromptResult]) -> float | None:
     ``new / forwards``. Early exit drafts with the target itself, so its forwards are not verifications: None.
     """
     runs = [r.runs[method] for r in results]
-    if method == "dflash":
+    if method.startswith("dflash"):
         lengths = [a for run in runs for a in run.stats.acceptance_lengths]
         return sum(lengths) / len(lengths) if lengths else None
     if method == "builtin_dflash":
@@ -269,7 +274,7 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
             "new_tokens": sum(len(run.new_tokens) for run in runs),
             "seconds": seconds,
         }
-        if method == "dflash":
+        if method.startswith("dflash"):
             entry.update(cycle_costs([run.stats for run in runs], t1))
         summary[method] = entry
     return summary

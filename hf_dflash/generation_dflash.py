@@ -18,7 +18,9 @@ assistants (small LMs, prompt lookup, early exit) go to transformers untouched. 
 """
 
 import contextlib
+import dataclasses
 import functools
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -159,12 +161,56 @@ def check_generate_call(target, drafter, args: tuple, kwargs: dict) -> None:
         )
     if kwargs.get("inputs_embeds") is not None:
         raise ValueError("inputs_embeds with a DFlash drafter is not supported: pass input_ids instead.")
+    check_draft_length_settings(generation_config)
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool((mask[:, 1:] < mask[:, :-1]).any()):
         raise ValueError(
             "The attention_mask masks tokens after real ones (right padding). A DFlash drafter needs left padding "
             "only: tokenize with padding_side='left'."
         )
+
+
+DRAFT_LENGTH_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+def check_draft_length_settings(config) -> None:
+    """`num_assistant_tokens` must be a positive int and the schedule one transformers knows."""
+    count, schedule = config.num_assistant_tokens, config.num_assistant_tokens_schedule
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise ValueError(
+            f"num_assistant_tokens={count!r}: the drafts verified per cycle must be an int >= 1 (or None for the "
+            "drafter's whole block)."
+        )
+    if schedule is not None and schedule not in DRAFT_LENGTH_SCHEDULES:
+        raise ValueError(
+            f"num_assistant_tokens_schedule={schedule!r} is not supported with a DFlash drafter; use one of "
+            f"{DRAFT_LENGTH_SCHEDULES} (or None: constant)."
+        )
+
+
+class DraftLength:
+    """How many of the drafter's B-1 drafts the target verifies per cycle.
+
+    The drafter always fills its whole block in one forward; verifying fewer drafts makes the target's verify
+    forward (and the drafter's LM head) cheaper, which pays where verify cost grows with its length (CPUs) and the
+    drafter is weak. ``num_assistant_tokens`` caps the count (default: all B-1); with
+    ``num_assistant_tokens_schedule="heuristic"`` (or "heuristic_transient": the same, state lives per call here)
+    the count follows transformers' rule for assistants: +2 after a cycle where every row accepted every draft,
+    -1 otherwise, within [1, B-1]. Only the speed changes: every count is lossless.
+    """
+
+    def __init__(self, config, block_size: int):
+        self.most = block_size - 1
+        self.current = min(self.most, config.num_assistant_tokens or self.most)
+        self.adaptive = config.num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
+
+    def update(self, num_drafts: int, accepted: torch.Tensor) -> None:
+        if not self.adaptive or num_drafts == 0:
+            return
+        if bool((accepted == num_drafts).all()):
+            self.current = min(self.most, self.current + 2)
+        else:
+            self.current = max(1, self.current - 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -460,8 +506,9 @@ def dflash_decoding(
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()  # lets sliding-window layers be cropped back
     generator = DFlashCandidateGenerator(drafter, target, config, logits_processor)
+    draft_length = DraftLength(config, block_size)
     want_hidden = True if config.output_hidden_states else [i + 1 for i in layer_ids]
-    forward_kwargs = dict(past_key_values=cache, use_cache=True, output_hidden_states=want_hidden)
+    forward_kwargs = {cache_argument(target): cache, "use_cache": True, "output_hidden_states": want_hidden}
     if config.output_attentions:
         forward_kwargs["output_attentions"] = True
 
@@ -507,7 +554,7 @@ def dflash_decoding(
         batch = len(rows)
 
         # 2. draft (nothing to draft with one token left before max_length: a plain decoding step)
-        num_drafts = min(block_size - 1, config.max_length - min(len(h) for h in histories) - 1)
+        num_drafts = min(draft_length.current, config.max_length - min(len(h) for h in histories) - 1)
         tic = time.perf_counter()
         if num_drafts > 0:
             drafts, draft_scores = generator.propose(
@@ -539,6 +586,7 @@ def dflash_decoding(
         else:
             accepted, tokens = greedy_accept(drafts, processed)
         stats.verify_seconds += time.perf_counter() - tic
+        draft_length.update(num_drafts, accepted)
 
         # 4. keep the slots of the longest acceptance; shorter rows mask their rejected slots
         keep_slots = int(accepted.max()) + 1
@@ -582,8 +630,18 @@ def dflash_decoding(
         logits=recorder.logits,
         attentions=recorder.attentions,
         hidden_states=recorder.hidden_states,
-        past_key_values=cache,
+        **{cache_argument(GenerateDecoderOnlyOutput): cache},
     )
+
+
+def cache_argument(model_or_output) -> str:
+    """The cache's keyword for a model's forward or a generate output: `cache` from transformers 5.24 on (where
+    `past_key_values` is deprecated, removed in 5.40), `past_key_values` before."""
+    if isinstance(model_or_output, type) and dataclasses.is_dataclass(model_or_output):
+        names = {f.name for f in dataclasses.fields(model_or_output)}
+    else:
+        names = set(inspect.signature(model_or_output.forward).parameters)
+    return "cache" if "cache" in names else "past_key_values"
 
 
 def _right_padded(histories: list[torch.Tensor], config) -> torch.Tensor:

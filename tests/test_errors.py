@@ -230,3 +230,17 @@ def test_from_pretrained_round_trip(tmp_path, qwen3_target):
     assert qwen3_target.generate(prompt, assistant_model=loaded, max_new_tokens=12).tolist() == expected.tolist()
     for name, tensor in drafter.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor)
+
+
+@pytest.mark.parametrize("settings, named", [
+    (dict(num_assistant_tokens=0), "num_assistant_tokens=0"),
+    (dict(num_assistant_tokens=2.5), "num_assistant_tokens=2.5"),
+    (dict(num_assistant_tokens_schedule="exponential"), "num_assistant_tokens_schedule='exponential'"),
+])
+def test_bad_draft_length_settings(setup, settings, named):
+    target, prompt = setup
+    drafter = make_drafter(target, 8)
+    assert_rejected_before_forward(
+        target, drafter, lambda: target.generate(prompt, assistant_model=drafter, max_new_tokens=5, **settings),
+        named, "int >= 1" if "num_assistant_tokens" in settings else "heuristic",
+    )

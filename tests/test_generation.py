@@ -459,3 +459,41 @@ def test_candidate_generator_api(qwen3_target):
     assert scores.shape == (1, 7, target.config.vocab_size)
     assert torch.equal(candidates[0, 10:], scores[0].argmax(-1))
     assert generator.cache.get_seq_length() == 9  # context K/V only: the block's were dropped
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# draft length: num_assistant_tokens caps the drafts verified per cycle; the "heuristic" schedule adapts it
+@pytest.mark.parametrize("kind", DRAFTER_KINDS)
+@pytest.mark.parametrize("settings", [dict(num_assistant_tokens=1), dict(num_assistant_tokens=3),
+                                      dict(num_assistant_tokens=4, num_assistant_tokens_schedule="heuristic"),
+                                      dict(num_assistant_tokens_schedule="heuristic_transient")])
+def test_draft_length_settings_stay_lossless(target, kind, settings):
+    drafter = make_drafter(target, block_size=8)
+    prompt = make_prompt(7, seed=11)
+    expected = plain_generate(target, prompt, max_new_tokens=30)
+    with drafts_for(kind, expected, prompt, seed=2):
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=30, **settings)
+    assert_same(got, expected)
+    lengths = drafter.last_stats.acceptance_lengths
+    assert sum(lengths) == 29
+    if settings.get("num_assistant_tokens_schedule") is None:  # constant cap: never more than cap + 1 per cycle
+        assert max(lengths) <= settings["num_assistant_tokens"] + 1
+        if kind == "oracle":
+            assert lengths[:-1] == [settings["num_assistant_tokens"] + 1] * (len(lengths) - 1)
+
+
+def test_heuristic_draft_length_grows_with_good_drafts_and_shrinks_with_bad(qwen3_target):
+    target = qwen3_target
+    drafter = make_drafter(target, block_size=16)
+    prompt = make_prompt(5, seed=4)
+    expected = plain_generate(target, prompt, max_new_tokens=60)
+    settings = dict(num_assistant_tokens=2, num_assistant_tokens_schedule="heuristic", max_new_tokens=60)
+    with scripted_drafts(new_tokens(expected, prompt)):
+        assert_same(target.generate(prompt, assistant_model=drafter, **settings), expected)
+    # every draft accepted: 2, 4, 6, ... drafts per cycle, capped at B-1 = 15
+    assert drafter.last_stats.acceptance_lengths[:4] == [3, 5, 7, 9]
+    wrong = [(t + 1) % VOCAB for t in new_tokens(expected, prompt).tolist()]
+    with scripted_drafts(torch.tensor(wrong)):
+        assert_same(target.generate(prompt, assistant_model=drafter, **settings), expected)
+    # every draft rejected: 2, 1, 1, ... drafts verified; each cycle commits one token
+    assert set(drafter.last_stats.acceptance_lengths) == {1}

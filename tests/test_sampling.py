@@ -184,6 +184,9 @@ SAMPLING_CASES = {
     "temperature_topk_topp": (dict(temperature=0.8, top_k=6, top_p=0.9), "random"),
     # repetition penalty, drafter proposing fixed tokens (point-mass q): many accepts, bonus tokens, residuals
     "repetition_penalty": (dict(temperature=1.0, repetition_penalty=1.8), "scripted"),
+    # one draft verified per cycle at first, then as many as the heuristic schedule grants
+    "heuristic_draft_length": (dict(temperature=0.9, num_assistant_tokens=1, num_assistant_tokens_schedule="heuristic"),
+                               "scripted"),
 }
 
 
