@@ -105,6 +105,9 @@ class DFlashTrainingArguments:
     target_layer_ids: list[int] | None = field(default=None, metadata={
         "help": "Comma-separated target layer ids (default: z-lab rule, one per drafter layer).", "type": _layer_ids})
     mask_token_id: int | None = field(default=None, metadata={"help": "MASK token id (default: last embedding row)."})
+    init_drafter: str | None = field(default=None, metadata={
+        "help": "Start from this drafter's weights (folder or Hub id; e.g. continue a run on more data, or adapt a "
+                "published drafter). Its architecture must match the other drafter arguments."})
     seed: int = field(default=0, metadata={"help": "Seed of init, shuffling, anchors and the held-out split."})
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
     eval_split: float = field(default=0.05, metadata={"help": "Held-out share of the data (0 = none)."})
@@ -620,6 +623,29 @@ def _first(value):
     return value[0] if isinstance(value, (list, tuple)) else value
 
 
+INIT_DRAFTER_FIELDS = ("num_hidden_layers", "block_size", "target_layer_ids", "mask_token_id", "layer_fusion",
+                       "split_context_kv", "hidden_size", "vocab_size")
+
+
+def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlashDraftModel:
+    """`fresh` (built from the training arguments) with the weights of the drafter at `init_drafter`.
+
+    Raises a ValueError naming each architecture field that differs (e.g. --num-layers 5 for a 1-layer drafter), so
+    a run never silently trains something other than what its arguments say.
+    """
+    loaded = DFlashDraftModel.from_pretrained(init_drafter, dtype=torch.float32)
+    differ = {name: (getattr(loaded.config, name), getattr(fresh.config, name)) for name in INIT_DRAFTER_FIELDS
+              if getattr(loaded.config, name) != getattr(fresh.config, name)}
+    if differ:
+        listed = ", ".join(f"{name}: {a!r} there vs {b!r} here" for name, (a, b) in differ.items())
+        raise ValueError(f"--init-drafter {init_drafter} does not match the training arguments ({listed}). Pass the "
+                         "drafter's own values (--num-layers, --block-size, --target-layer-ids, --mask-token-id, the "
+                         "DFlare switches), or drop --init-drafter to train from scratch.")
+    fresh.load_state_dict(loaded.state_dict(), strict=True)
+    logger.info(f"Drafter weights initialised from {init_drafter}.")
+    return fresh
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # feature cache
 class FeatureCache:
@@ -696,6 +722,8 @@ class DFlashTrainer:
             target, num_hidden_layers=args.num_layers, block_size=args.block_size,
             target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
         )  # raises a ValueError for layer ids the target does not have
+        if args.init_drafter:
+            drafter = initial_drafter_weights(drafter, args.init_drafter)
         self.attn_implementation = resolve_attn_implementation(args.attn_implementation, device)
         drafter.config._attn_implementation = self.attn_implementation
         drafter = drafter.to(device=device, dtype=torch.float32).train()  # fp32 master weights; autocast does bf16
@@ -989,6 +1017,7 @@ class DFlashTrainer:
         drafter.training_info = {
             "target": target_display_name(self.args.target),
             "dataset": self.args.data,
+            "init_drafter": self.args.init_drafter,
             "num_samples": len(self.train_samples),
             "epochs": self.args.epochs,
             "steps": self.global_step,

@@ -303,3 +303,23 @@ def test_dflare_drafters_train_and_save_in_angelslim_layout(workdir, data_file, 
     drafter = DFlashDraftModel.from_pretrained(args.output_dir)
     assert drafter.config.layer_fusion == (switches.get("variant") == "dflare" or "layer_fusion" in switches)
     assert drafter.config.split_context_kv == (switches.get("variant") == "dflare" or "split_context_kv" in switches)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# starting from an existing drafter
+def test_init_drafter_starts_from_its_weights_and_refuses_other_architectures(workdir, data_file,
+                                                                               target_and_tokenizer):
+    target, tokenizer = target_and_tokenizer
+    data = workdir / "init.jsonl"
+    data.write_text("".join(data_file.read_text().splitlines(keepends=True)[:6]))
+    first = DFlashTrainer(small_args(data, workdir / "init-first", eval_split=0.0, epochs=1), target, tokenizer)
+    first.train()
+    trained = DFlashDraftModel.from_pretrained(workdir / "init-first")
+    second = DFlashTrainer(small_args(data, workdir / "init-second", eval_split=0.0, epochs=1,
+                                      init_drafter=str(workdir / "init-first")), target, tokenizer)
+    start = second.accelerator.unwrap_model(second.model).state_dict()
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(start[name], tensor), name
+    with pytest.raises(ValueError, match=r"num_hidden_layers: 1 there vs 2 here.*--num-layers"):
+        DFlashTrainer(small_args(data, workdir / "init-bad", num_layers=2, init_drafter=str(workdir / "init-first")),
+                      target, tokenizer)
