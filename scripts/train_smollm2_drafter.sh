@@ -39,7 +39,10 @@ LIMIT=512             # = the first 2 length-sorted regeneration windows (16 bat
 SEED=0
 PROMPTS="$TRAIN/smollm2_prompts.jsonl"
 REGEN="$TRAIN/smollm2_regen.jsonl"
-OUTPUT="$TRAIN/smollm2-dflash"
+STAGE1_DATA="$TRAIN/smollm2_regen_stage1.jsonl"
+STAGE1="$TRAIN/smollm2-dflash"
+STAGE1_FEATURES="$TRAIN/smollm2-features-stage1"
+OUTPUT="$TRAIN/smollm2-dflash-stage2"
 FEATURES="$TRAIN/smollm2-features"
 ASSETS="hf_dflash/assets/smollm2-dflash"
 
@@ -57,15 +60,31 @@ if [[ ! -s "$PROMPTS" ]]; then
 fi
 
 # 3. regenerate (appends; a rerun resumes where a killed one stopped) ----------------------------------------------
+# 3a. the first LIMIT prompts (stage 1 trains on exactly these samples)
+if [[ ! -s "$STAGE1_DATA" ]]; then
+  $NICE $HF_DFLASH regenerate --target smollm2 --prompts "$PROMPTS" --output "$REGEN" \
+    --max-new-tokens 192 --batch-size 16 --limit "$LIMIT"
+  cp "$REGEN" "$STAGE1_DATA.tmp" && mv "$STAGE1_DATA.tmp" "$STAGE1_DATA"
+fi
+# 3b. all NUM_PROMPTS prompts (appends to the same file; batch size does not change what is kept)
 $NICE $HF_DFLASH regenerate --target smollm2 --prompts "$PROMPTS" --output "$REGEN" \
-  --max-new-tokens 192 --batch-size 16 --limit "$LIMIT"
+  --max-new-tokens 192 --batch-size 48
 
 # 4. train ----------------------------------------------------------------------------------------------------------
+# 4a. stage 1: from scratch on the first samples, 4 epochs
 RESUME=()
-[[ -d "$OUTPUT/checkpoints" ]] && RESUME=(--resume)
-$NICE $HF_DFLASH train --target smollm2 --data "$REGEN" --output "$OUTPUT" \
+[[ -d "$STAGE1/checkpoints" ]] && RESUME=(--resume)
+[[ -f "$STAGE1/eval.json" ]] || $NICE $HF_DFLASH train --target smollm2 --data "$STAGE1_DATA" --output "$STAGE1" \
   --num-layers 1 --block-size 16 --target-layer-ids 1,8,15,22,27 \
   --epochs 4 --lr 6e-4 --num-anchors 32 --max-length 512 --batch-size 1 --grad-accum 1 \
+  --feature-cache "$STAGE1_FEATURES" --num-eval-prompts 4 --eval-max-new-tokens 128 \
+  --save-every 200 --logging-steps 20 --seed "$SEED" "${RESUME[@]}"
+# 4b. stage 2: continue from stage 1 on all regenerated samples, 1 epoch at half the learning rate
+RESUME=()
+[[ -d "$OUTPUT/checkpoints" ]] && RESUME=(--resume)
+[[ -f "$OUTPUT/eval.json" ]] || $NICE $HF_DFLASH train --target smollm2 --data "$REGEN" --output "$OUTPUT" \
+  --init-drafter "$STAGE1" --num-layers 1 --block-size 16 --target-layer-ids 1,8,15,22,27 \
+  --epochs 1 --lr 3e-4 --num-anchors 32 --max-length 512 --batch-size 1 --grad-accum 1 \
   --feature-cache "$FEATURES" --num-eval-prompts 4 --eval-max-new-tokens 128 \
   --save-every 200 --logging-steps 20 --seed "$SEED" "${RESUME[@]}"
 
