@@ -25,11 +25,12 @@ def row(folder: Path, variant: str) -> str | None:
     heldout = results["heldout"]
     first = heldout["accuracy_by_position"][0]
     bench = json.loads(bench_file.read_text())["results"]["overall"]["dflash"] if bench_file.exists() else {}
-    params = json.loads((folder / variant / "config.json").read_text())
+    layers = json.loads((folder / variant / "config.json").read_text()).get("num_hidden_layers")
     tau = results.get("tau")
+    params = (folder / variant / "model.safetensors").stat().st_size / 4 / 1e6  # fp32 weights
     return (f"| {VARIANTS[variant]} | {results['steps']} | {heldout['loss']:.3f} | {first:.3f} | "
             f"{heldout['acceptance_length']:.3f} | {tau:.3f} | {bench.get('tau', float('nan')):.3f} | "
-            f"{bench.get('speedup', float('nan')):.2f}x | {params.get('num_hidden_layers')} |"
+            f"{bench.get('speedup', float('nan')):.2f}x | {layers} | {params:.2f}M |"
             if tau is not None else None)
 
 
@@ -38,8 +39,8 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     folder = parser.parse_args().folder
     print("| variant | steps | held-out loss | held-out acc. k=1 | held-out expected tau | generate tau (held-out "
-          "prompts) | bench tau | bench speedup | layers |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "prompts) | bench tau | bench speedup | layers | parameters |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for variant in VARIANTS:
         line = row(folder, variant)
         if line:
