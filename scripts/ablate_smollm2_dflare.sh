@@ -3,6 +3,7 @@
 #
 #   scripts/ablate_smollm2_dflare.sh            # after scripts/train_smollm2_drafter.sh built the regenerated data
 #   VARIANTS="dflash dflare" scripts/ablate_smollm2_dflare.sh
+#   CONTINUE=1 scripts/ablate_smollm2_dflare.sh   # as in BENCHMARKS.md (+ DFlash/DFlare trained further)
 #
 # Every variant trains from the same seed on the same samples (the first $SAMPLES regenerated ones), for the same
 # epochs (hence the same optimizer steps and anchors), with the same drafter depth and target layers; only the
@@ -28,7 +29,7 @@ export HF_DFLASH_CACHE="$CACHE"
 
 SAMPLES="${SAMPLES:-240}"
 EPOCHS="${EPOCHS:-2}"
-LAYERS="${LAYERS:-3}"
+LAYERS="${LAYERS:-2}"
 VARIANTS="${VARIANTS:-dflash fusion split_kv progressive dflare}"
 DATA="$TRAIN/smollm2_ablation.jsonl"
 FEATURES="$TRAIN/smollm2-features-ablation"
@@ -49,20 +50,34 @@ switches() {
   esac
 }
 
-for variant in $VARIANTS; do
-  out="$ABLATION/$variant"
+train_and_bench() {  # train_and_bench OUTPUT_NAME SWITCHES... : train (resumable) then bench one drafter
+  local name="$1"; shift
+  local out="$ABLATION/$name"
   if [[ ! -f "$out/eval.json" ]]; then
-    resume=()
+    local resume=()
     [[ -d "$out/checkpoints" ]] && resume=(--resume)
-    # shellcheck disable=SC2046
-    $HF_DFLASH train --target smollm2 --data "$DATA" --output "$out" $(switches "$variant") \
+    $HF_DFLASH train --target smollm2 --data "$DATA" --output "$out" "$@" \
       --num-layers "$LAYERS" --block-size 16 --target-layer-ids 1,8,15,22,27 \
       --epochs "$EPOCHS" --lr 6e-4 --num-anchors 32 --max-length 512 --batch-size 1 \
       --feature-cache "$FEATURES" --num-eval-prompts 8 --eval-max-new-tokens 96 \
       --save-every 200 --logging-steps 50 --seed 0 "${resume[@]}"
   fi
-  if [[ ! -f "$ABLATION/bench-$variant.json" ]]; then
+  if [[ ! -f "$ABLATION/bench-$name.json" ]]; then
     $HF_DFLASH bench --drafter "$out" --threads 1 --methods plain,dflash --limit 1 --max-new-tokens 64 \
-      --json "$ABLATION/bench-$variant.json"
+      --json "$ABLATION/bench-$name.json"
   fi
+}
+
+for variant in $VARIANTS; do
+  # shellcheck disable=SC2046
+  train_and_bench "$variant" $(switches "$variant")
 done
+
+# CONTINUE=1: DFlash and DFlare trained for the same epochs again from their weights (fresh optimizer and
+# schedule), to see whether the gap persists with twice the steps.
+if [[ "${CONTINUE:-0}" == 1 ]]; then
+  for variant in dflash dflare; do
+    # shellcheck disable=SC2046
+    train_and_bench "$variant-continued" $(switches "$variant") --init-drafter "$ABLATION/$variant"
+  done
+fi

@@ -1,6 +1,8 @@
 """Markdown table of a DFlare ablation run by scripts/ablate_smollm2_dflare.sh (one row per variant).
 
     python scripts/ablation_table.py ~/.cache/hf_dflash/train/ablation
+
+Rows appear for the variant folders that exist ("-continued": made with CONTINUE=1).
 """
 
 import argparse
@@ -14,6 +16,9 @@ VARIANTS = {
     "split_kv": "+ split context K/V only",
     "progressive": "+ progressive gamma only",
     "dflare": "DFlare (all three)",
+    # CONTINUE=1: trained for the same epochs again from the weights above (fresh optimizer and schedule)
+    "dflash-continued": "DFlash, continued (912 steps in all)",
+    "dflare-continued": "DFlare, continued (912 steps in all)",
 }
 
 
