@@ -14,8 +14,8 @@ import time
 import torch
 
 import hf_dflash  # noqa: F401  (routes generate(assistant_model=drafter) to the DFlash loop)
-from hf_dflash.prompts import chat_input_ids
-from hf_dflash.targets import load_drafter, load_target, resolve_device, resolve_dtype
+from hf_dflash.data import chat_input_ids
+from hf_dflash.models import load_drafter, load_target, resolve_device
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = resolve_device(args.device)
-    target, tokenizer = load_target(args.target, dtype=resolve_dtype("auto", device), device=device)
+    target, tokenizer = load_target(args.target, dtype="auto", device=device)
     drafter = load_drafter(args.drafter, target)
     input_ids = chat_input_ids(tokenizer, args.prompt, device)
     settings = dict(attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens, do_sample=False)

@@ -28,8 +28,9 @@ import torch
 
 from hf_dflash import DFlashDraftModel
 from hf_dflash.data import RegenerationArguments, regenerate
-from hf_dflash.training import DFlashTrainer, DFlashTrainingArguments, load_target_and_tokenizer, \
-    measure_acceptance_length
+from hf_dflash.evaluation.acceptance import measure_acceptance_length
+from hf_dflash.models import load_target
+from hf_dflash.training import DFlashTrainer, DFlashTrainingArguments
 
 
 TOY_WORDS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "storm", "maple", "orbit", "candle"]
@@ -104,7 +105,7 @@ def main() -> None:
     results = trainer.train()
 
     # 3. compare with an untrained drafter on the same held-out prompts, both through real generate()
-    target, _ = load_target_and_tokenizer(target_name)
+    target, _ = load_target(target_name)
     torch.manual_seed(0)
     untrained = DFlashDraftModel.from_target(target, num_hidden_layers=args.num_layers, block_size=args.block_size)
     baseline = measure_acceptance_length(target, untrained, trainer.eval_prompt_ids(), args.max_new_tokens)["tau"]

@@ -3,12 +3,16 @@
 
 Part of the remote-code payload: imports only torch and transformers.
 
-One cycle (batch 1):
-  1. the drafter reads the target features of the newly committed tokens and proposes ``block_size - 1`` tokens
-     in ONE forward over ``[anchor, MASK, ...]``;
-  2. the target verifies ``[anchor, drafts]`` in ONE forward;
-  3. greedy: the longest prefix of drafts equal to the target's own choices is kept, plus the target's next
-     token; sampling: speculative sampling (accept with min(1, p/q), resample from norm(max(0, p - q))).
+The steps of :func:`dflash_decoding` (batch 1 shown; in a batch every row keeps what it accepts, see ``_Rows``):
+  1. prefill: the target reads the prompt and chooses the first new token alone;
+  then, each cycle:
+  2. draft: the drafter reads the target features of the newly committed tokens and proposes up to
+     ``block_size - 1`` tokens in ONE forward over ``[anchor, MASK, ...]`` (:class:`DFlashCandidateGenerator`);
+  3. verify: the target scores ``[anchor, drafts]`` in ONE forward;
+  4. accept: greedy: the longest prefix of drafts equal to the target's own choices, plus the target's next token;
+     sampling: speculative sampling (accept with min(1, p/q), resample from norm(max(0, p - q)));
+  5. commit: append the accepted tokens, stopping where plain ``generate`` would; the target keeps their cache
+     slots, the drafter reads their features in the next draft; finished rows retire.
 Output equals what ``generate()`` would give without the drafter, because every committed token is the target's.
 
 Routing: importing this module wraps ``GenerationMixin.generate`` (argument checks before any work) and
@@ -76,8 +80,24 @@ class DFlashStats:
 
     def acceptance_by_position(self) -> list[float]:
         """Fraction of verifications whose draft at block position k (1 .. block_size-1) was accepted."""
-        n = max(1, len(self.acceptance_lengths))
-        return [sum(a > k for a in self.acceptance_lengths) / n for k in range(1, self.block_size)]
+        return acceptance_by_position(self.acceptance_lengths, self.block_size)
+
+    def _add_verification(self, rows: list[int], accepted: torch.Tensor) -> None:
+        """One verification: original batch row `rows[r]` accepted `accepted[r]` drafts."""
+        for row, n in zip(rows, accepted.tolist()):
+            self.acceptance_lengths.append(n + 1)
+            self.row_acceptance_lengths[row].append(n + 1)
+
+
+def acceptance_by_position(acceptance_lengths: list[int], block_size: int) -> list[float]:
+    """Fraction of verifications whose draft at block position k (1 .. block_size-1) was accepted.
+
+    Example:
+        >>> acceptance_by_position([1, 4, 2, 1], block_size=4)
+        [0.5, 0.25, 0.25]
+    """
+    n = max(1, len(acceptance_lengths))
+    return [sum(a > k for a in acceptance_lengths) / n for k in range(1, block_size)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -188,31 +208,6 @@ def check_draft_length_settings(config) -> None:
         )
 
 
-class DraftLength:
-    """How many of the drafter's B-1 drafts the target verifies per cycle.
-
-    The drafter always fills its whole block in one forward; verifying fewer drafts makes the target's verify
-    forward (and the drafter's LM head) cheaper, which pays where verify cost grows with its length (CPUs) and the
-    drafter is weak. ``num_assistant_tokens`` caps the count (default: all B-1); with
-    ``num_assistant_tokens_schedule="heuristic"`` (or "heuristic_transient": the same, state lives per call here)
-    the count follows transformers' rule for assistants: +2 after a cycle where every row accepted every draft,
-    -1 otherwise, within [1, B-1]. Only the speed changes: every count is lossless.
-    """
-
-    def __init__(self, config, block_size: int):
-        self.most = block_size - 1
-        self.current = min(self.most, config.num_assistant_tokens or self.most)
-        self.adaptive = config.num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
-
-    def update(self, num_drafts: int, accepted: torch.Tensor) -> None:
-        if not self.adaptive or num_drafts == 0:
-            return
-        if bool((accepted == num_drafts).all()):
-            self.current = min(self.most, self.current + 2)
-        else:
-            self.current = max(1, self.current - 1)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # logits processing over a block (rows of a batch may hold histories of different lengths)
 def _behaves_as(processor, classes) -> bool:
@@ -276,7 +271,12 @@ def processed_verify_scores(processors, histories: list[torch.Tensor], drafts, l
 
 
 def select_tokens(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
-    """[..., V] scores -> [...] token ids (argmax, or one sample from softmax)."""
+    """[..., V] scores -> [...] token ids (argmax, or one sample from softmax).
+
+    Example:
+        >>> select_tokens(torch.tensor([[[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]]]), do_sample=False).tolist()
+        [[1, 0]]
+    """
     if not do_sample:
         return scores.argmax(dim=-1)
     probs = scores.softmax(dim=-1).reshape(-1, scores.shape[-1])
@@ -284,7 +284,12 @@ def select_tokens(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
 
 
 def leading_true(matches: torch.Tensor) -> torch.Tensor:
-    """[b, k] booleans -> [b] length of each row's all-True prefix."""
+    """[b, k] booleans -> [b] length of each row's all-True prefix.
+
+    Example:
+        >>> leading_true(torch.tensor([[True, True, False, True], [False, True, True, True]])).tolist()
+        [2, 0]
+    """
     return matches.long().cumprod(dim=1).sum(dim=1)
 
 
@@ -293,6 +298,12 @@ def greedy_accept(drafts, target_scores):
 
     Row r commits tokens[r, : accepted[r] + 1]: the drafts equal to the target's own choices, then the target's
     next token.
+
+    Example (vocabulary of 4; the target's choices are 2, 1, 3):
+        >>> scores = torch.eye(4)[[2, 1, 3]][None]
+        >>> accepted, tokens = greedy_accept(torch.tensor([[2, 0]]), scores)
+        >>> accepted.tolist(), tokens.tolist()
+        ([1], [[2, 1, 3]])
     """
     choice = target_scores.argmax(dim=-1)
     return leading_true(drafts == choice[:, : drafts.shape[1]]), choice
@@ -321,7 +332,13 @@ def speculative_accept(drafts, draft_probs, target_probs):
 
 
 def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
-    """CPU fp32 GEMMs with 9..15 rows cost more than with 16 (a faster kernel starts at 16): round up there."""
+    """CPU fp32 GEMMs with 9..15 rows cost more than with 16 (a faster kernel starts at 16): round up there.
+
+    Example:
+        >>> cpu = torch.device("cpu")
+        >>> gemm_friendly_rows(8, cpu), gemm_friendly_rows(9, cpu), gemm_friendly_rows(9, cpu, batch=2)
+        (8, 16, 9)
+    """
     return 16 if device.type == "cpu" and batch == 1 and 9 <= rows < 16 else rows
 
 
@@ -330,12 +347,21 @@ def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
 class DFlashCandidateGenerator(CandidateGenerator):
     """Proposes a block of candidate tokens per sequence with one drafter forward.
 
-    Holds the drafter's cache of context K/V: target features of every token the target has verified, in the same
-    slots as the target's own cache (so one padding mask serves both).
+    Holds the drafter's cache of context K/V (target features of every token the target has verified, in the same
+    slots as the target's own cache, so one padding mask serves both) and the draft length
+    ``self.num_assistant_tokens``: how many of the drafter's B-1 drafts the target verifies per cycle, kept as
+    transformers' ``AssistedCandidateGenerator`` keeps it. The drafter always fills its whole block in one forward;
+    verifying fewer drafts makes the target's verify forward (and the drafter's LM head) cheaper, which pays where
+    verify cost grows with its length (CPUs) and the drafter is weak. ``num_assistant_tokens`` caps the count
+    (default: all B-1); with ``num_assistant_tokens_schedule="heuristic"`` (or "heuristic_transient": the same, as a
+    generator lives for one ``generate`` call) :meth:`update_candidate_strategy` applies transformers' rule: +2
+    after a cycle where every row accepted every draft, -1 otherwise, within [1, B-1]. Only the speed changes: every
+    count is lossless.
 
     Example:
         >>> generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())  # doctest: +SKIP
         >>> candidates, scores = generator.get_candidates(input_ids, context_hidden_states=features)  # doctest: +SKIP
+        >>> generator.update_candidate_strategy(candidates, target_scores, num_matches)  # doctest: +SKIP
     """
 
     def __init__(self, drafter, target, generation_config, logits_processor=None):
@@ -345,16 +371,74 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.block_size = drafter.config.block_size
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
+        self.max_length = generation_config.max_length
+        most = self.block_size - 1
+        self.num_assistant_tokens = min(most, generation_config.num_assistant_tokens or most)
+        self.adaptive = generation_config.num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
         self.cache = DynamicCache(config=drafter.config)
-        mask_ids = torch.full((1, self.block_size - 1), drafter.config.mask_token_id)
+        self.cache_keyword = cache_argument(drafter)
+        mask_ids = torch.full((1, most), drafter.config.mask_token_id)
         self.mask_embeds = self._embed(mask_ids)
 
     def _embed(self, ids):
         weight = self.input_embeddings.weight
         return self.input_embeddings(ids.to(weight.device)).to(self.drafter.device)
 
+    def get_candidates(
+        self,
+        input_ids,
+        context_hidden_states=None,
+        *,
+        histories=None,
+        context_positions=None,
+        anchor_positions=None,
+        slot_mask=None,
+        **kwargs,
+    ):
+        """CandidateGenerator API: ``(input_ids + drafts, draft_scores)`` with at most ``self.num_assistant_tokens``
+        drafts and none past ``max_length`` (if set); ``(input_ids, None)`` when no draft fits, as transformers'
+        generators answer.
+
+        One unpadded sequence: `input_ids` [1, L] ends with the anchor (the token the target has not read yet), and
+        `context_hidden_states` [1, n, T*H] are the target features of the positions after those already cached
+        here, up to the anchor excluded.
+
+        A batch (as :func:`dflash_decoding` calls it): `input_ids` [b, 1] holds each row's anchor, so the candidates
+        are the verify block ``[anchor, drafts]``; `histories` each row's committed tokens (rows may differ in
+        length), `context_positions` [b, n] and `anchor_positions` [b] the positions of the context and of the
+        anchors, `slot_mask` [b, cache + n] which cache slots hold real tokens (None: all do).
+        """
+        if histories is None:
+            histories = list(input_ids)
+            cached, length = self.cache.get_seq_length(), input_ids.shape[1]
+            context_positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
+            anchor_positions = torch.tensor([length - 1], device=input_ids.device)
+        num_drafts = self.num_assistant_tokens
+        if self.max_length is not None:
+            num_drafts = min(num_drafts, self.max_length - min(len(h) for h in histories) - 1)
+        if num_drafts <= 0:
+            return input_ids, None
+        drafts, scores = self.propose(
+            histories, context_hidden_states, context_positions, anchor_positions, slot_mask, num_drafts
+        )
+        return torch.cat([input_ids, drafts], dim=1), scores
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        """Adapt ``self.num_assistant_tokens`` after a verification (heuristic schedules only).
+
+        `scores` [b, k + 1, V] are the target's scores for the k drafts and the position after them; `num_matches`
+        the accepted drafts (an int, or one per row: the count grows only when every row accepted all k).
+        """
+        num_drafts = scores.shape[1] - 1
+        if not self.adaptive or num_drafts == 0:
+            return
+        if bool((torch.as_tensor(num_matches) == num_drafts).all()):
+            self.num_assistant_tokens = min(self.block_size - 1, self.num_assistant_tokens + 2)
+        else:
+            self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+
     def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
-        """Draft tokens for each row.
+        """One drafter forward: `num_drafts` draft tokens for each row (what :meth:`get_candidates` calls).
 
         Args:
             histories: committed tokens per row (the last one is the anchor, not yet seen by the target).
@@ -377,23 +461,13 @@ class DFlashCandidateGenerator(CandidateGenerator):
             context_hidden_states=context.to(device),
             position_ids=positions,
             attention_mask=slot_mask,
-            past_key_values=self.cache,
+            **{self.cache_keyword: self.cache},
         ).last_hidden_state
         self.cache.crop(-self.block_size)  # keep the context K/V only
         rows = gemm_friendly_rows(num_drafts + 1, device, batch)
         hidden = hidden[:, :rows].to(self.lm_head.weight.device)
         logits = self.lm_head(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
         return self._choose(histories, logits)
-
-    def get_candidates(self, input_ids, context_hidden_states=None, num_drafts=None, **kwargs):
-        """CandidateGenerator API for one unpadded sequence: `context_hidden_states` [1, n, T*H] are the target
-        features of the positions after those already cached here, up to the anchor (the last token) excluded.
-        Returns ``(input_ids + drafts, draft_scores)``."""
-        cached, length = self.cache.get_seq_length(), input_ids.shape[1]
-        positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
-        anchor = torch.tensor([length - 1], device=input_ids.device)
-        drafts, scores = self.propose(list(input_ids), context_hidden_states, positions, anchor, None, num_drafts)
-        return torch.cat([input_ids, drafts], dim=1), scores
 
     def _choose(self, histories, logits):
         """Pick draft tokens; vectorised unless a processor depends on the drafts chosen before it.
@@ -419,16 +493,13 @@ class DFlashCandidateGenerator(CandidateGenerator):
             drafts.append(ids[0, len(history) :])
         return torch.stack(drafts), scores
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-
-    def update_candidate_strategy(self, input_ids, scores, num_matches):
-        pass  # block size is fixed by training
-
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the decoding loop
-def _features(hidden_states, layer_ids) -> torch.Tensor:
+def target_features(hidden_states, layer_ids) -> torch.Tensor:
+    """The drafter's context: the target's hidden states after layers `layer_ids` (output of layer k is
+    ``hidden_states[k + 1]``), concatenated on the feature axis: [b, n, T*H]. Training and inference both call this,
+    so the drafter is trained on exactly what it reads at inference."""
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
@@ -468,6 +539,138 @@ def _first_stop(stopping_criteria, history, start: int, scores) -> int | None:
     return None
 
 
+@dataclass
+class _Rows:
+    """Per-row state of the rows still generating (axis 0 of every tensor); finished rows leave it.
+
+    The target's and the drafter's caches hold one slot per verified position of every row; the batch's longest
+    acceptance sets how many slots a cycle adds, and ``slot_mask`` marks the slots that hold no real token (left
+    padding, and drafts a row rejected while a neighbour accepted more) so no row waits for a neighbour.
+
+    Example (two prompts, the second left-padded):
+        >>> rows = _Rows.for_prompts(torch.tensor([[5, 6, 7], [0, 8, 9]]), torch.tensor([[1, 1, 1], [0, 1, 1]]))
+        >>> rows.feature_positions.tolist(), rows.slot_mask.tolist()
+        ([[0, 1, 2], [0, 0, 1]], [[True, True, True], [False, True, True]])
+        >>> rows.anchor_positions = torch.tensor([3, 2])
+        >>> ids, positions, mask = rows.verify_inputs(torch.tensor([[7, 11], [9, 12]]), width=2)
+        >>> positions.tolist(), mask.tolist()
+        ([[3, 4], [2, 3]], [[True, True, True, True, True], [False, True, True, True, True]])
+    """
+
+    histories: list[torch.Tensor]  # committed tokens per row (its prompt, padding included, first); last: the anchor
+    ids: list[int]  # the original batch row of each row
+    finished: list[torch.Tensor | None]  # by original batch row: the history a finished row ends with
+    slot_mask: torch.Tensor | None  # [b, slots]: which cache slots hold real tokens; None while all do
+    feature_positions: torch.Tensor  # [b, n]: positions of the slots verified since the drafter last read features
+    features: torch.Tensor | None = None  # [b, n, T*H]: their target features, the drafter's next context
+    anchor_positions: torch.Tensor | None = None  # [b]: position of each row's anchor (its last committed token)
+
+    @classmethod
+    def for_prompts(cls, input_ids, attention_mask=None) -> "_Rows":
+        """The rows of a left-padded batch before the prefill: positions count real tokens only."""
+        batch, prompt_len = input_ids.shape
+        slot_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        if slot_mask is None:
+            positions = torch.arange(prompt_len, device=input_ids.device)[None].expand(batch, -1)
+        else:
+            positions = (slot_mask.long().cumsum(-1) - 1).clamp_min(0)
+        return cls(list(input_ids), list(range(batch)), [None] * batch, slot_mask, positions)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def anchors(self) -> torch.Tensor:
+        """[b, 1]: each row's last committed token, which the target has not read yet."""
+        return torch.stack([h[-1:] for h in self.histories])
+
+    def start(self, tokens, features, scores, stopping_criteria) -> list[int]:
+        """After the prefill: append each row's first token (`tokens` [b, 1]); the prompt features are the drafter's
+        first context. Returns the rows that go on."""
+        self.features, self.anchor_positions = features, self.feature_positions[:, -1] + 1
+        return [r for r in range(len(self)) if self._extend(r, tokens[r], scores[r], stopping_criteria)[1]]
+
+    def retire(self, running: list[int], *caches) -> bool:
+        """Keep only the rows `running` (indices), here and in `caches`; the others are finished. False: none left."""
+        if len(running) == len(self):
+            return True
+        for r in set(range(len(self))) - set(running):
+            self.finished[self.ids[r]] = self.histories[r]
+        if not running:
+            return False
+        keep = torch.tensor(running, device=self.anchor_positions.device)
+        for cache in caches:
+            cache.batch_select_indices(keep)
+        self.histories, self.ids = [self.histories[r] for r in running], [self.ids[r] for r in running]
+        self.features, self.feature_positions = self.features[keep], self.feature_positions[keep]
+        self.anchor_positions = self.anchor_positions[keep]
+        self.slot_mask = self.slot_mask[keep] if self.slot_mask is not None else None
+        return True
+
+    def verify_inputs(self, candidates, width: int):
+        """Target inputs for `candidates` [b, 1 + k] (anchor, drafts) padded with their last token to `width` slots:
+        ids and positions [b, width], and the attention mask over cache and block (None while every slot is real)."""
+        ids = torch.cat([candidates, candidates[:, -1:].expand(-1, width - candidates.shape[1])], dim=1)
+        positions = self.anchor_positions[:, None] + torch.arange(width, device=self.anchor_positions.device)
+        if self.slot_mask is None:
+            return ids, positions, None
+        return ids, positions, torch.cat([self.slot_mask, self.slot_mask.new_ones(len(self), width)], dim=1)
+
+    def commit(self, accepted, tokens, scores, features, positions, cache, cached: int, stopping_criteria):
+        """Commit a verification: row r accepted `accepted[r]` drafts and then `tokens[r, accepted[r]]`.
+
+        The target `cache` (`cached` slots before the verify forward) keeps the slots of the longest acceptance;
+        shorter rows mark their rejected slots as padding. The kept slots' `features` / `positions` [b, width, ...]
+        become the drafter's next context. Each row's history grows by its tokens, cut exactly where plain generate
+        would stop (EOS, max length, stop strings inside the block; `scores` [b, k + 1, V] feed the criteria).
+
+        Returns (the rows that go on, the tokens each row committed).
+        """
+        keep = int(accepted.max()) + 1
+        cache.crop(-(positions.shape[1] - keep))
+        real = torch.arange(keep, device=self.anchor_positions.device)[None] <= accepted[:, None]
+        if self.slot_mask is not None or not bool(real.all()):
+            before = self.slot_mask if self.slot_mask is not None else real.new_ones(len(self), cached)
+            self.slot_mask = torch.cat([before, real], dim=1)
+        self.features, self.feature_positions = features[:, :keep], positions[:, :keep]
+        self.anchor_positions = self.anchor_positions + accepted + 1
+        running, committed = [], []
+        for r, n in enumerate(accepted.tolist()):
+            new, goes_on = self._extend(r, tokens[r, : n + 1], scores[r], stopping_criteria)
+            committed.append(new)
+            if goes_on:
+                running.append(r)
+        return running, committed
+
+    def _extend(self, r: int, tokens, scores, stopping_criteria):
+        """Append `tokens` to row r's history up to the first one plain generate stops after: (appended, goes on)."""
+        start = len(self.histories[r])
+        history = torch.cat([self.histories[r], tokens])
+        stop = _first_stop(stopping_criteria, history, start, scores)
+        self.histories[r] = history if stop is None else history[: start + stop + 1]
+        return self.histories[r][start:], stop is None
+
+
+def _accept(drafts, draft_scores, scores, do_sample: bool):
+    """Step 4 for drafts [b, k] and target `scores` [b, k + 1, V]: (accepted drafts [b], tokens [b, k + 1])."""
+    if do_sample and drafts.shape[1] > 0:
+        return speculative_accept(drafts, draft_scores.softmax(-1), scores.softmax(-1))
+    if do_sample:
+        return drafts.new_zeros(drafts.shape[0]), select_tokens(scores, True)
+    return greedy_accept(drafts, scores)
+
+
+def _empty_target_cache(target, model_kwargs):
+    """The caller's cache (which must be empty) or a new DynamicCache; sliding-window layers can be cropped back."""
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # `cache` from transformers 5.24 on
+    if cache is None:
+        cache = DynamicCache(config=target.config)
+    if cache.get_seq_length() > 0:
+        raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
+
+
 @torch.no_grad()
 def dflash_decoding(
     target,
@@ -482,48 +685,28 @@ def dflash_decoding(
 ):
     """Speculative decoding with a DFlash drafter; ``generate`` calls it in place of ``_assisted_decoding``.
 
-    Works on a left-padded batch: every row keeps all the drafts the target accepts for it. The target cache grows
-    by the batch's longest acceptance each cycle; shorter rows mark the extra slots as padding (masked), so no row
-    waits for, or throws work away because of, a neighbour.
+    Works on a left-padded batch: every row keeps all the drafts the target accepts for it (see :class:`_Rows`).
+    The numbered steps are the module docstring's.
     """
     drafter, config = assistant_model, generation_config
     start_time = time.perf_counter()
     batch, prompt_len = input_ids.shape
-    block_size = drafter.config.block_size
-    stats = DFlashStats(block_size=block_size, row_acceptance_lengths=[[] for _ in range(batch)])
+    stats = DFlashStats(block_size=drafter.config.block_size, row_acceptance_lengths=[[] for _ in range(batch)])
     drafter.last_stats = stats
     layer_ids = list(drafter.config.target_layer_ids)
-    recorder = _OutputRecorder(config)
-    do_sample = bool(config.do_sample)
-    device = input_ids.device
-
-    # transformers 5.24 renamed the generate kwarg `past_key_values` to `cache`
-    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))
-    if cache is None:
-        cache = DynamicCache(config=target.config)
-    if cache.get_seq_length() > 0:
-        raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
-    if hasattr(cache, "activate_past_recording"):
-        cache.activate_past_recording()  # lets sliding-window layers be cropped back
+    recorder, do_sample = _OutputRecorder(config), bool(config.do_sample)
+    cache = _empty_target_cache(target, model_kwargs)
     generator = DFlashCandidateGenerator(drafter, target, config, logits_processor)
-    draft_length = DraftLength(config, block_size)
     want_hidden = True if config.output_hidden_states else [i + 1 for i in layer_ids]
     forward_kwargs = {cache_argument(target): cache, "use_cache": True, "output_hidden_states": want_hidden}
     if config.output_attentions:
         forward_kwargs["output_attentions"] = True
 
-    # slot_mask marks which cache slots hold real tokens: left padding, and slots a row rejected while a
-    # neighbour accepted more. None while every slot is real (always, for one unpadded prompt).
-    slot_mask = model_kwargs.get("attention_mask")
-    slot_mask = None if slot_mask is None or bool(slot_mask.all()) else slot_mask.bool()
-
-    # 1. prefill: the first new token comes from the target alone
-    if slot_mask is None:
-        positions = torch.arange(prompt_len, device=device)[None].expand(batch, -1)
-    else:
-        positions = (slot_mask.long().cumsum(-1) - 1).clamp_min(0)
+    # 1. prefill: the target reads the prompts and chooses the first new token alone
+    rows = _Rows.for_prompts(input_ids, model_kwargs.get("attention_mask"))
     outputs = target(
-        input_ids=input_ids, attention_mask=slot_mask, position_ids=positions, logits_to_keep=1, **forward_kwargs
+        input_ids=input_ids, attention_mask=rows.slot_mask, position_ids=rows.feature_positions, logits_to_keep=1,
+        **forward_kwargs,
     )
     raw = outputs.logits[:, -1:].float()
     processed = logits_processor(input_ids, raw[:, 0].clone())[:, None] if len(logits_processor) else raw
@@ -531,96 +714,50 @@ def dflash_decoding(
     recorder.add(outputs, raw, processed, 1, prefill=True, kv_length=0)
     if streamer is not None:
         streamer.put(tokens[0].cpu())
-    histories = [torch.cat([input_ids[r], tokens[r]]) for r in range(batch)]
-    rows = list(range(batch))  # original row of each active row
-    done: list[torch.Tensor | None] = [None] * batch
-    features, context_positions = _features(outputs.hidden_states, layer_ids), positions
-    anchor_positions = positions[:, -1] + 1
     stats.prefill_seconds = time.perf_counter() - start_time
-    alive = [r for r in range(batch) if _first_stop(stopping_criteria, histories[r], prompt_len, processed[r]) is None]
+    running = rows.start(tokens, target_features(outputs.hidden_states, layer_ids), processed, stopping_criteria)
 
-    while True:
-        if len(alive) < len(rows):  # retire finished rows from every per-row state
-            for r in set(range(len(rows))) - set(alive):
-                done[rows[r]] = histories[r]
-            if not alive:
-                break
-            keep = torch.tensor(alive, device=device)
-            cache.batch_select_indices(keep)
-            generator.select_rows(keep)
-            histories, rows = [histories[r] for r in alive], [rows[r] for r in alive]
-            features, context_positions, anchor_positions = features[keep], context_positions[keep], anchor_positions[keep]
-            slot_mask = slot_mask[keep] if slot_mask is not None else None
-        batch = len(rows)
-
-        # 2. draft (nothing to draft with one token left before max_length: a plain decoding step)
-        num_drafts = min(draft_length.current, config.max_length - min(len(h) for h in histories) - 1)
+    while rows.retire(running, cache, generator.cache):
+        # 2. draft: candidates [anchor, drafts] per row from one drafter forward (just the anchor at max_length - 1)
         tic = time.perf_counter()
-        if num_drafts > 0:
-            drafts, draft_scores = generator.propose(
-                histories, features, context_positions, anchor_positions, slot_mask, num_drafts
-            )
-        else:
-            drafts, draft_scores = input_ids.new_empty((batch, 0)), None
+        candidates, draft_scores = generator.get_candidates(
+            rows.anchors(), rows.features, histories=rows.histories, context_positions=rows.feature_positions,
+            anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
+        )
+        drafts = candidates[:, 1:]
         stats.draft_seconds += time.perf_counter() - tic
 
-        # 3. verify [anchor, drafts] in one target forward (padded to a GEMM-friendly row count on CPU)
+        # 3. verify the candidates in one target forward (padded to a GEMM-friendly row count on CPU)
         tic = time.perf_counter()
-        width = gemm_friendly_rows(num_drafts + 1, device, batch)
-        anchors = torch.stack([h[-1:] for h in histories])
-        verify_ids = torch.cat([anchors, drafts], dim=1)
-        verify_ids = torch.cat([verify_ids, verify_ids[:, -1:].expand(-1, width - verify_ids.shape[1])], dim=1)
-        verify_positions = anchor_positions[:, None] + torch.arange(width, device=device)
+        width = gemm_friendly_rows(candidates.shape[1], input_ids.device, len(rows))
+        verify_ids, positions, mask = rows.verify_inputs(candidates, width)
         cached = cache.get_seq_length()
-        mask = None if slot_mask is None else torch.cat([slot_mask, slot_mask.new_ones(batch, width)], dim=1)
         outputs = target(
-            input_ids=verify_ids, attention_mask=mask, position_ids=verify_positions, logits_to_keep=0,
-            **forward_kwargs,
+            input_ids=verify_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **forward_kwargs
         )
-        raw = outputs.logits[:, : num_drafts + 1].float()
-        processed = processed_verify_scores(logits_processor, histories, drafts, raw)
-        if do_sample and num_drafts > 0:
-            accepted, tokens = speculative_accept(drafts, draft_scores.softmax(-1), processed.softmax(-1))
-        elif do_sample:
-            accepted, tokens = torch.zeros(batch, dtype=torch.long, device=device), select_tokens(processed, True)
-        else:
-            accepted, tokens = greedy_accept(drafts, processed)
+        raw = outputs.logits[:, : candidates.shape[1]].float()
+        processed = processed_verify_scores(logits_processor, rows.histories, drafts, raw)
+
+        # 4. accept drafts as the target would have chosen them, then the target's own next token
+        accepted, tokens = _accept(drafts, draft_scores, processed, do_sample)
         stats.verify_seconds += time.perf_counter() - tic
-        draft_length.update(num_drafts, accepted)
+        stats._add_verification(rows.ids, accepted)
+        generator.update_candidate_strategy(candidates, processed, accepted)
 
-        # 4. keep the slots of the longest acceptance; shorter rows mask their rejected slots
-        keep_slots = int(accepted.max()) + 1
-        cache.crop(-(width - keep_slots))
-        real = torch.arange(keep_slots, device=device)[None] <= accepted[:, None]
-        if slot_mask is not None or not bool(real.all()):
-            before = slot_mask if slot_mask is not None else real.new_ones(batch, cached)
-            slot_mask = torch.cat([before, real], dim=1)
-        features = _features(outputs.hidden_states, layer_ids)[:, :keep_slots]
-        context_positions = verify_positions[:, :keep_slots]
-        anchor_positions = anchor_positions + accepted + 1
-
-        # 5. commit, stopping exactly where plain generate would (EOS, max length, stop strings inside the block)
-        alive = []
-        for r in range(batch):
-            n = int(accepted[r])
-            stats.acceptance_lengths.append(n + 1)
-            stats.row_acceptance_lengths[rows[r]].append(n + 1)
-            start = len(histories[r])
-            history = torch.cat([histories[r], tokens[r, : n + 1]])
-            stop = _first_stop(stopping_criteria, history, start, processed[r])
-            histories[r] = history if stop is None else history[: start + stop + 1]
-            if stop is None:
-                alive.append(r)
-        if batch == 1:
-            committed = len(histories[0]) - start
-            recorder.add(outputs, raw, processed, committed, prefill=False, kv_length=cached)
+        # 5. commit, stopping exactly where plain generate would
+        features = target_features(outputs.hidden_states, layer_ids)
+        running, committed = rows.commit(
+            accepted, tokens, processed, features, positions, cache, cached, stopping_criteria
+        )
+        if len(committed) == 1:
+            recorder.add(outputs, raw, processed, len(committed[0]), prefill=False, kv_length=cached)
             if streamer is not None:
-                streamer.put(histories[0][start:].cpu())
+                streamer.put(committed[0].cpu())
 
     if streamer is not None:
         streamer.end()
-    sequences = _right_padded(done, config)
-    stats.new_tokens = sum(len(h) - prompt_len for h in done)
+    sequences = _right_padded(rows.finished, config)
+    stats.new_tokens = sum(len(h) - prompt_len for h in rows.finished)
     stats.total_seconds = time.perf_counter() - start_time
     if not config.return_dict_in_generate:
         return sequences

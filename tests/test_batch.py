@@ -6,11 +6,10 @@ import random
 
 import pytest
 import torch
-
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
-
 from conftest import ARCHS, cached_target, make_drafter, make_prompt, plain_generate
 from test_sampling import P_THRESHOLD, chi_square_pvalue
+
+from hf_dflash.generation_dflash import DFlashCandidateGenerator
 
 PAD = 0
 

@@ -12,19 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModel, Qwen3Config, Qwen3ForCausalLM
+from conftest import make_target
+from transformers import AutoModel, Qwen3ForCausalLM
 
 import hf_dflash
 from hf_dflash import DFlashDraftModel
 
 
 def tiny_target(seed: int = 0) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=0, eos_token_id=None,
-    )
-    return Qwen3ForCausalLM(config).eval()
+    return make_target("qwen3", num_hidden_layers=6, max_position_embeddings=256, bos_token_id=0,
+                       initializer_range=0.02, seed=seed)
 
 
 @pytest.fixture(scope="module")

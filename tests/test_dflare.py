@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import make_target
 
 from hf_dflash import DFlashConfig, DFlashDraftModel
 
@@ -22,10 +22,7 @@ VARIANTS = {
 
 @pytest.fixture(scope="module")
 def target():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=9,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=None)
-    return LlamaForCausalLM(config).eval()
+    return make_target("llama", num_hidden_layers=9, max_position_embeddings=256, initializer_range=0.02)
 
 
 def make_drafter(target, **switches):

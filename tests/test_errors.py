@@ -6,11 +6,10 @@ import re
 
 import pytest
 import torch
+from conftest import VOCAB, count_forwards, make_drafter, make_prompt, make_target
 from transformers import DynamicCache
 
 import hf_dflash
-
-from conftest import VOCAB, count_forwards, make_drafter, make_prompt, make_target
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,6 @@ import contextlib
 
 import pytest
 import torch
-from transformers import TextStreamer, pipeline
-from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
-
-import hf_dflash
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
-
 from conftest import (
     VOCAB,
     CollectingStreamer,
@@ -21,7 +15,11 @@ from conftest import (
     plain_generate,
     scripted_drafts,
 )
+from transformers import TextStreamer, pipeline
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
+import hf_dflash
+from hf_dflash.generation_dflash import DFlashCandidateGenerator
 
 BLOCK_SIZES = (2, 3, 8, 15, 16)
 PROMPT_LENGTHS = (1, 7, 40)
@@ -497,3 +495,38 @@ def test_heuristic_draft_length_grows_with_good_drafts_and_shrinks_with_bad(qwen
         assert_same(target.generate(prompt, assistant_model=drafter, **settings), expected)
     # every draft rejected: 2, 1, 1, ... drafts verified; each cycle commits one token
     assert set(drafter.last_stats.acceptance_lengths) == {1}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# no deprecation warnings from our own calls (transformers 5.24 renamed `past_key_values` to `cache`)
+def test_our_calls_log_no_deprecation_warnings(qwen3_target):
+    import logging as std_logging
+
+    from transformers.utils import logging
+
+    class Collect(std_logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    handler = Collect()
+    root = logging.get_logger("transformers")
+    root.addHandler(handler)
+    std_logging.Logger.warning_once.cache_clear()  # transformers logs each deprecation once per process
+    try:
+        drafter = make_drafter(qwen3_target)
+        prompt = make_prompt(9)
+        qwen3_target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False)
+        qwen3_target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=True, top_k=5,
+                              return_dict_in_generate=True, output_scores=True)
+        batch = torch.cat([make_prompt(9, seed=1), make_prompt(9, seed=2)])
+        mask = torch.ones_like(batch)
+        mask[1, :3] = 0
+        qwen3_target.generate(batch, attention_mask=mask, assistant_model=drafter, max_new_tokens=12, do_sample=False)
+    finally:
+        root.removeHandler(handler)
+    deprecations = [m for m in handler.messages if "deprecat" in m.lower()]
+    assert not deprecations, deprecations

@@ -4,10 +4,16 @@
 import contextlib
 
 import torch
+from conftest import (
+    cached_target,
+    make_drafter,
+    make_prompt,
+    new_tokens,
+    plain_generate,
+    scripted_drafts,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from conftest import cached_target, make_drafter, make_prompt, new_tokens, plain_generate, scripted_drafts
 
 
 @st.composite

@@ -10,12 +10,21 @@ import itertools
 
 import pytest
 import torch
+from conftest import (
+    make_drafter,
+    make_prompt,
+    make_target,
+    new_tokens,
+    plain_generate,
+    scripted_drafts,
+)
 from transformers.generation import logits_process as lp
 
-from hf_dflash.generation_dflash import DFlashCandidateGenerator, processed_verify_scores, speculative_accept
-
-from conftest import make_drafter, make_prompt, make_target, new_tokens, plain_generate, scripted_drafts
-
+from hf_dflash.generation_dflash import (
+    DFlashCandidateGenerator,
+    processed_verify_scores,
+    speculative_accept,
+)
 
 P_THRESHOLD = 1e-3
 

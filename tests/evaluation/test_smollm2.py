@@ -12,10 +12,9 @@ import os
 import pytest
 import torch
 
-from hf_dflash.bench import timed_generation
-from hf_dflash.prompts import chat_input_ids
-from hf_dflash.targets import DEMO_DRAFTER_DIR, load_drafter, load_target
-
+from hf_dflash.data import chat_input_ids
+from hf_dflash.evaluation.bench import timed_generation
+from hf_dflash.models import DEMO_DRAFTER_DIR, load_drafter, load_target
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,43 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Training data for DFlash drafters: reading records, turning prompts into target inputs, and regenerating the
+target's own responses.
+
+- :mod:`hf_dflash.data.records`: JSON / JSONL / Parquet / ``datasets`` readers, prompts and training samples;
+- :mod:`hf_dflash.data.chat`: the one rule that turns a prompt into the token ids the target sees, and left padding;
+- :mod:`hf_dflash.data.regenerate`: ``hf-dflash regenerate`` (resumable).
+"""
+
+from .chat import chat_input_ids, left_padded_batch, prompt_text, prompt_token_ids
+from .records import (
+    Prompt,
+    iter_records,
+    load_prompts,
+    load_training_samples,
+    loss_mask_from_record,
+    prompt_from_record,
+    read_records,
+)
+from .regenerate import (
+    RegenerationArguments,
+    regenerate,
+    response_token_ids,
+    skipped_path,
+)
+
+__all__ = [
+    "Prompt",
+    "RegenerationArguments",
+    "chat_input_ids",
+    "iter_records",
+    "left_padded_batch",
+    "load_prompts",
+    "load_training_samples",
+    "loss_mask_from_record",
+    "prompt_from_record",
+    "prompt_text",
+    "prompt_token_ids",
+    "read_records",
+    "regenerate",
+    "response_token_ids",
+    "skipped_path",
+]

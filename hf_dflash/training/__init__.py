@@ -1,0 +1,79 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Training DFlash drafters (the `hf-dflash train` command and its Python API).
+
+Recipe (DFlash paper, as reproduced by SpecForge): the frozen target runs over each regenerated sequence and its
+hidden states at ``target_layer_ids`` become the drafter's context; random anchors are drawn from response
+positions; every anchor starts a block ``[token at anchor, MASK x (B-1)]`` at positions ``anchor + 0..B-1`` whose
+labels are ``token[anchor + k]``; all blocks of a sequence go through the drafter in ONE forward, with a mask that
+lets a block see the context strictly before its anchor (exactly what inference gives it) and itself
+bidirectionally, never other blocks. Loss: cross-entropy weighted by ``exp(-(k - 1) / gamma)``, because a draft
+position only counts when all positions before it were accepted.
+
+`accelerate` places models and runs DDP, so one script covers a laptop CPU and ``accelerate launch`` on N GPUs.
+
+Layout: :mod:`~hf_dflash.training.arguments` (what a run is), :mod:`~hf_dflash.training.recipe` (gamma, anchors,
+blocks, data order), :mod:`~hf_dflash.training.loss` (block mask and weighted loss),
+:mod:`~hf_dflash.training.features` (target features, cached on disk), :mod:`~hf_dflash.training.trainer` (the
+loop, checkpoints, resume), :mod:`~hf_dflash.training.export` (the final drafter folder, Hub upload).
+
+Example:
+    >>> from hf_dflash.training import DFlashTrainingArguments, DFlashTrainer
+    >>> args = DFlashTrainingArguments(target="Qwen/Qwen3-8B", data="train.jsonl", output_dir="qwen3-8b-dflash",
+    ...                                num_layers=5, block_size=16, epochs=6)
+    >>> DFlashTrainer(args).train()  # doctest: +SKIP
+"""
+
+from .arguments import (
+    DFlashTrainingArguments,
+    check_output_dir,
+    last_checkpoint,
+    validate_arguments,
+)
+from .features import FeatureCache, context_features
+from .loss import (
+    BlockLossOutput,
+    block_diffusion_loss,
+    block_mask_mod,
+    dense_block_mask,
+    flex_block_mask,
+)
+from .recipe import (
+    IGNORE_INDEX,
+    BlockBatch,
+    default_gamma,
+    epoch_order,
+    gamma_at,
+    make_block_batch,
+    position_weights,
+    sample_anchors,
+    shard_batches,
+    split_heldout,
+)
+from .trainer import DFlashTrainer, initial_drafter_weights, train
+
+__all__ = [
+    "IGNORE_INDEX",
+    "BlockBatch",
+    "BlockLossOutput",
+    "DFlashTrainer",
+    "DFlashTrainingArguments",
+    "FeatureCache",
+    "block_diffusion_loss",
+    "block_mask_mod",
+    "check_output_dir",
+    "context_features",
+    "default_gamma",
+    "dense_block_mask",
+    "epoch_order",
+    "flex_block_mask",
+    "gamma_at",
+    "initial_drafter_weights",
+    "last_checkpoint",
+    "make_block_batch",
+    "position_weights",
+    "sample_anchors",
+    "shard_batches",
+    "split_heldout",
+    "train",
+    "validate_arguments",
+]

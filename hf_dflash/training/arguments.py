@@ -1,0 +1,180 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""What a training run is: :class:`DFlashTrainingArguments` (the ``hf-dflash train`` flags), the checks that run
+before anything is loaded, and the output folder's identity (a resumed run must be the same run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+GAMMA_SCHEDULES = ("constant", "per-epoch", "linear")
+
+
+VARIANTS = ("dflash", "dflare")
+
+
+RUN_ARGS_FILE = "run_args.json"
+
+
+TRAINER_STATE_FILE = "trainer_state.json"
+
+
+ACCELERATE_STATE_DIR = "training_state"
+
+
+# Fields that do not change the optimisation trajectory: they may differ when a run is resumed.
+NON_DEFINING_FIELDS = frozenset({
+    "output_dir", "resume", "save_every", "save_total_limit", "eval_prompts", "num_eval_prompts",
+    "eval_max_new_tokens", "feature_cache", "attn_implementation", "logging_steps", "push_to_hub",
+    "max_eval_samples", "target_device_map",
+})
+
+
+def _layer_ids(text: str) -> list[int]:
+    return [int(x) for x in text.replace(" ", "").split(",") if x]
+
+
+@dataclass
+class DFlashTrainingArguments:
+    """Arguments of :class:`DFlashTrainer` (the `hf-dflash train` command). Defaults follow the paper's recipe."""
+
+    target: str = field(metadata={"help": "Target model: local folder or Hub id.", "required": True})
+    data: str = field(metadata={"help": "Regenerated data (JSONL/Parquet/datasets folder) from `regenerate`.",
+                                "required": True})
+    output_dir: str = field(metadata={"help": "Folder for checkpoints and the final drafter.", "required": True,
+                                      "flag": "--output"})
+    num_layers: int = field(default=5, metadata={"help": "Drafter decoder layers."})
+    block_size: int = field(default=16, metadata={"help": "Block size B (anchor + B-1 drafts)."})
+    epochs: int = field(default=6, metadata={"help": "Passes over the training data."})
+    lr: float = field(default=6e-4, metadata={"help": "Peak AdamW learning rate."})
+    num_anchors: int = field(default=512, metadata={"help": "Most anchors (blocks) per sequence."})
+    max_length: int = field(default=3072, metadata={"help": "Sequences are truncated to this many tokens."})
+    batch_size: int = field(default=1, metadata={"help": "Sequences per micro-batch per process."})
+    grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    warmup_ratio: float = field(default=0.04, metadata={"help": "Linear warmup share of all steps."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    gamma: float | None = field(default=None, metadata={"help": "Loss decay gamma (default: 7 @ B=16, 5 @ 10, 4 @ 8)."})
+    variant: str = field(default="dflash", metadata={
+        "help": "dflash, or dflare: layer-wise feature fusion + split context K/V + progressive gamma.",
+        "choices": VARIANTS})
+    layer_fusion: bool = field(default=False, metadata={"help": "DFlare layer-wise feature fusion (ablation: alone)."})
+    split_context_kv: bool = field(default=False, metadata={
+        "help": "DFlare separate K/V projections for context tokens (ablation: alone)."})
+    gamma_schedule: str | None = field(default=None, metadata={
+        "help": "constant | per-epoch | linear (default: per-epoch for DFlare drafters, constant for DFlash).",
+        "choices": GAMMA_SCHEDULES})
+    gamma_start: float | None = field(default=None, metadata={"help": "First gamma of a schedule (default gamma-2.5)."})
+    gamma_end: float | None = field(default=None, metadata={"help": "Last gamma of a schedule (default +1/epoch)."})
+    target_layer_ids: list[int] | None = field(default=None, metadata={
+        "help": "Comma-separated target layer ids (default: z-lab rule, one per drafter layer).", "type": _layer_ids})
+    mask_token_id: int | None = field(default=None, metadata={"help": "MASK token id (default: last embedding row)."})
+    init_drafter: str | None = field(default=None, metadata={
+        "help": "Start from this drafter's weights (folder or Hub id; e.g. continue a run on more data, or adapt a "
+                "published drafter). Its architecture must match the other drafter arguments."})
+    seed: int = field(default=0, metadata={"help": "Seed of init, shuffling, anchors and the held-out split."})
+    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
+    eval_split: float = field(default=0.05, metadata={"help": "Held-out share of the data (0 = none)."})
+    max_eval_samples: int = field(default=256, metadata={"help": "Cap on held-out samples."})
+    eval_prompts: str | None = field(default=None, metadata={"help": "Prompts for the final generate()-measured tau "
+                                                                     "(default: held-out prompts)."})
+    num_eval_prompts: int = field(default=8, metadata={"help": "Prompts for the final tau (0 = skip)."})
+    eval_max_new_tokens: int = field(default=128, metadata={"help": "New tokens per final-tau prompt."})
+    save_every: int = field(default=1000, metadata={"help": "Checkpoint every N optimizer steps (and each epoch)."})
+    save_total_limit: int = field(default=2, metadata={"help": "Checkpoints kept."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in --output."})
+    feature_cache: str | None = field(default=None, metadata={"help": "Folder caching target features (small "
+                                                                      "targets on CPU)."})
+    attn_implementation: str = field(default="auto", metadata={
+        "help": "auto (flex_attention on GPU, sdpa on CPU), flex_attention, sdpa or eager."})
+    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16 on GPU), bf16, fp16 or no."})
+    target_dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPU, fp32 on CPU) or a dtype name."})
+    target_device_map: str | None = field(default=None, metadata={
+        "help": "device_map for a target larger than one device (single process), e.g. auto."})
+    logging_steps: int = field(default=10, metadata={"help": "Log every N optimizer steps."})
+    push_to_hub: str | None = field(default=None, metadata={"help": "Hub repo id to upload the final drafter to."})
+
+    @property
+    def drafter_switches(self) -> dict[str, bool]:
+        """DFlare architecture switches: --variant dflare turns both on; each can be switched on alone."""
+        dflare = self.variant == "dflare"
+        return {"layer_fusion": dflare or self.layer_fusion, "split_context_kv": dflare or self.split_context_kv}
+
+    @property
+    def resolved_gamma_schedule(self) -> str:
+        """Progressive gamma is the DFlare recipe; DFlash keeps gamma constant unless told otherwise."""
+        if self.gamma_schedule is not None:
+            return self.gamma_schedule
+        return "per-epoch" if any(self.drafter_switches.values()) else "constant"
+
+    def run_fingerprint(self) -> dict[str, Any]:
+        """The fields that define the run: a resumed run must match them."""
+        fingerprint = {k: v for k, v in asdict(self).items() if k not in NON_DEFINING_FIELDS}
+        for key in ("target", "data"):
+            value = fingerprint[key]
+            fingerprint[key] = os.path.abspath(value) if os.path.exists(value) else value
+        return fingerprint
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# checks (cheap, before anything is loaded)
+def validate_arguments(args: DFlashTrainingArguments) -> None:
+    """Raise a ValueError naming the problem for settings that cannot train."""
+    if args.block_size < 2:
+        raise ValueError(f"block_size={args.block_size}: a DFlash block needs >= 2 tokens (anchor + drafts); "
+                         "16 is the paper's value.")
+    for name in ("num_layers", "epochs", "num_anchors", "batch_size", "grad_accum"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name}={getattr(args, name)} must be >= 1.")
+    if args.max_length < 2 * args.block_size:
+        raise ValueError(f"max_length={args.max_length} leaves no room for 2 x block_size={args.block_size} tokens.")
+    if args.gamma_schedule is not None and args.gamma_schedule not in GAMMA_SCHEDULES:
+        raise ValueError(f"gamma_schedule={args.gamma_schedule!r}; choose one of {GAMMA_SCHEDULES}.")
+    if not 0 <= args.eval_split < 1:
+        raise ValueError(f"eval_split={args.eval_split} must be in [0, 1).")
+    if args.attn_implementation not in ("auto", "flex_attention", "sdpa", "eager"):
+        raise ValueError(f"attn_implementation={args.attn_implementation!r}: auto, flex_attention, sdpa or eager.")
+    if not Path(args.data).exists():
+        raise ValueError(f"--data {args.data!r} does not exist.")
+
+
+def check_output_dir(args: DFlashTrainingArguments) -> Path | None:
+    """The checkpoint to resume from (None: start fresh). Raises if the folder holds a different run, or a run that
+    would be overwritten without --resume."""
+    output = Path(args.output_dir)
+    saved_file = output / RUN_ARGS_FILE
+    checkpoint = last_checkpoint(output)
+    if saved_file.exists():
+        saved = json.loads(saved_file.read_text(encoding="utf-8"))
+        current = json.loads(json.dumps(args.run_fingerprint()))  # same JSON types as the saved copy
+        differ = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
+                  if saved.get(k) != current.get(k)}
+        if differ:
+            details = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(f"Output folder {output} holds a different run ({details}). Use another --output, or the "
+                             "same settings to resume it.")
+        if checkpoint is not None and not args.resume:
+            raise ValueError(f"Output folder {output} already holds this run (checkpoint {checkpoint.name}). Pass "
+                             "--resume to continue it, or use another --output.")
+    elif checkpoint is not None:
+        raise ValueError(f"Output folder {output} holds checkpoints without {RUN_ARGS_FILE}; use another --output.")
+    if args.resume and checkpoint is None:
+        logger.warning(f"--resume: no checkpoint in {output}; starting from scratch.")
+    return checkpoint if args.resume else None
+
+
+def last_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete `checkpoint-{step}` folder (they appear by an atomic rename, so present = complete)."""
+    folder = Path(output_dir) / "checkpoints"
+    if not folder.is_dir():
+        return None
+    steps = [(int(p.name.split("-")[1]), p) for p in folder.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+    return max(steps)[1] if steps else None

@@ -1,0 +1,55 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Target features for training: what the frozen target gives the drafter as context, computed by the same function
+inference uses, and optionally cached on disk (small targets on CPU, where the target forward dominates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..generation_dflash import target_features
+
+
+def context_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     layer_ids: list[int]) -> torch.Tensor:
+    """The drafter's context for whole sequences: :func:`~hf_dflash.generation_dflash.target_features` (the same
+    function inference uses) of one target forward, [b, S, T*H]."""
+    wanted = sorted({i + 1 for i in layer_ids})
+    with torch.no_grad():
+        out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=wanted,
+                     logits_to_keep=1, use_cache=False)
+    return target_features(out.hidden_states, layer_ids)
+
+
+class FeatureCache:
+    """Target features per sample on disk, for small targets where the target forward dominates (CPU).
+
+    Features are stored at the target's dtype, so cached and recomputed training are the same computation.
+    """
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: dict[str, Any]):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        meta = self.folder / "cache.json"
+        if meta.exists():
+            saved = json.loads(meta.read_text(encoding="utf-8"))
+            if saved != fingerprint:
+                raise ValueError(f"Feature cache {self.folder} was built for {saved}, not {fingerprint}: use another "
+                                 "--feature-cache folder.")
+        else:
+            meta.write_text(json.dumps(fingerprint, indent=2) + "\n", encoding="utf-8")
+
+    def get(self, index: int) -> torch.Tensor | None:
+        path = self.folder / f"{index}.pt"
+        return torch.load(path) if path.exists() else None
+
+    def put(self, index: int, features: torch.Tensor) -> None:
+        path = self.folder / f"{index}.pt"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(features.detach().cpu().clone(), tmp)
+        os.replace(tmp, path)

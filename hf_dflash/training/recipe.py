@@ -1,0 +1,194 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""The DFlash recipe: loss decay gamma (and its schedules), position weights, random anchors, the block layout of a
+batch, and the data order (shuffling, held-out split, sharding over processes). Every random choice is a function of
+(seed, epoch, sample), so a resumed run repeats the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .arguments import DFlashTrainingArguments
+
+IGNORE_INDEX = -100
+
+
+# Paper values of the loss decay per block size; other sizes interpolate (and extrapolate) linearly.
+PAPER_GAMMAS = ((8, 4.0), (10, 5.0), (16, 7.0))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# gamma, weights, anchors
+def default_gamma(block_size: int) -> float:
+    """Loss decay gamma for a block size: the paper's 4 / 5 / 7 at B = 8 / 10 / 16, linear in between and beyond.
+
+    Example:
+        >>> default_gamma(16), default_gamma(8), default_gamma(12)
+        (7.0, 4.0, 5.666666666666667)
+    """
+    points = PAPER_GAMMAS
+    if block_size <= points[1][0]:
+        (x0, y0), (x1, y1) = points[0], points[1]
+    else:
+        (x0, y0), (x1, y1) = points[1], points[2]
+    return max(0.5, y0 + (block_size - x0) * (y1 - y0) / (x1 - x0))
+
+
+def gamma_at(args: DFlashTrainingArguments, epoch: int, step: int, total_steps: int) -> float:
+    """Gamma for an optimizer step: constant, stepped per epoch (DFlare appendix: +1 per epoch), or linear in steps.
+
+    Example:
+        >>> args = DFlashTrainingArguments("t", "d", "o", gamma_schedule="per-epoch", epochs=3)
+        >>> [gamma_at(args, e, 0, 30) for e in range(3)]
+        [4.5, 5.5, 6.5]
+    """
+    base = args.gamma if args.gamma is not None else default_gamma(args.block_size)
+    schedule = args.resolved_gamma_schedule
+    if schedule == "constant":
+        return base
+    start = args.gamma_start if args.gamma_start is not None else base - 2.5
+    end = args.gamma_end if args.gamma_end is not None else start + (args.epochs - 1)
+    if schedule == "per-epoch":
+        fraction = epoch / max(1, args.epochs - 1)
+    else:
+        fraction = step / max(1, total_steps - 1)
+    return start + (end - start) * min(1.0, fraction)
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """Loss weight of draft positions k = 1..B-1: exp(-(k-1)/gamma); later positions matter only if earlier ones hit.
+
+    Example:
+        >>> position_weights(4, 1.0)
+        tensor([1.0000, 0.3679, 0.1353])
+    """
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
+
+
+def stable_seed(*parts: int) -> int:
+    """A seed that depends only on `parts` (not on Python's hash randomisation), for per-sample generators."""
+    seed = 0x9E3779B1
+    for part in parts:
+        seed = (seed * 1_000_003 + int(part) + 0x7F4A7C15) % (2**61 - 1)
+    return seed
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> torch.Tensor:
+    """Sorted anchor positions p with p and p+1 both supervised (response tokens); at most `num_anchors` of them,
+    drawn uniformly without replacement. Blocks may overlap.
+
+    Example:
+        >>> sample_anchors(torch.tensor([0, 0, 1, 1, 1, 1], dtype=torch.bool), 2, torch.Generator().manual_seed(0))
+        tensor([2, 4])
+    """
+    candidates = (loss_mask[:-1] & loss_mask[1:]).nonzero().flatten()
+    if candidates.numel() > num_anchors:
+        choice = torch.randperm(candidates.numel(), generator=generator)[:num_anchors]
+        candidates = candidates[choice].sort().values
+    return candidates
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# blocks
+@dataclass
+class BlockBatch:
+    """A padded batch of sequences and the blocks anchored in them (A blocks per sequence, padded)."""
+
+    input_ids: torch.Tensor  # [b, S] right-padded
+    attention_mask: torch.Tensor  # [b, S]
+    anchors: torch.Tensor  # [b, A]; padding blocks have anchor 0 (no context, only themselves)
+    block_valid: torch.Tensor  # [b, A] bool
+    block_ids: torch.Tensor  # [b, A*B] token ids [token at anchor, MASK x (B-1)] per block
+    block_positions: torch.Tensor  # [b, A*B] anchor + 0..B-1
+    labels: torch.Tensor  # [b, A, B-1] token[anchor + k], IGNORE_INDEX where unsupervised
+    sample_indices: list[int] = field(default_factory=list)
+
+    def to(self, device) -> "BlockBatch":
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return BlockBatch(**moved)
+
+    @property
+    def context_length(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def make_block_batch(samples: list[dict], anchors: list[torch.Tensor], block_size: int, mask_token_id: int,
+                     pad_token_id: int) -> BlockBatch:
+    """Pad sequences (right) and lay out every anchor's block and labels.
+
+    Example:
+        >>> s = {"input_ids": torch.arange(10, 16), "loss_mask": torch.tensor([0, 0, 1, 1, 1, 1]).bool(), "index": 0}
+        >>> b = make_block_batch([s], [torch.tensor([2])], block_size=3, mask_token_id=99, pad_token_id=0)
+        >>> b.block_ids.tolist(), b.block_positions.tolist(), b.labels.tolist()
+        ([[12, 99, 99]], [[2, 3, 4]], [[[13, 14]]])
+    """
+    batch, length = len(samples), max(len(s["input_ids"]) for s in samples)
+    num_blocks = max(1, max(len(a) for a in anchors))
+    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, length), dtype=torch.long)
+    supervised = torch.zeros((batch, length + block_size), dtype=torch.bool)  # room for blocks running off the end
+    anchor_pos = torch.zeros((batch, num_blocks), dtype=torch.long)
+    block_valid = torch.zeros((batch, num_blocks), dtype=torch.bool)
+    for row, (sample, anchor) in enumerate(zip(samples, anchors)):
+        n = len(sample["input_ids"])
+        input_ids[row, :n] = sample["input_ids"]
+        attention_mask[row, :n] = 1
+        supervised[row, :n] = sample["loss_mask"]
+        anchor_pos[row, : len(anchor)] = anchor
+        block_valid[row, : len(anchor)] = True
+    offsets = torch.arange(block_size)
+    positions = anchor_pos[:, :, None] + offsets  # [b, A, B]
+    padded_ids = torch.cat([input_ids, torch.full((batch, block_size), pad_token_id)], dim=1)
+    targets = padded_ids.gather(1, positions[:, :, 1:].flatten(1)).view(batch, num_blocks, block_size - 1)
+    keep = supervised.gather(1, positions[:, :, 1:].flatten(1)).view_as(targets) & block_valid[:, :, None]
+    labels = torch.where(keep, targets, torch.full_like(targets, IGNORE_INDEX))
+    block_ids = torch.full((batch, num_blocks, block_size), mask_token_id, dtype=torch.long)
+    block_ids[:, :, 0] = input_ids.gather(1, anchor_pos)
+    return BlockBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        anchors=anchor_pos,
+        block_valid=block_valid,
+        block_ids=block_ids.flatten(1),
+        block_positions=positions.flatten(1),
+        labels=labels,
+        sample_indices=[int(s["index"]) for s in samples],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# data order
+def shard_batches(num_samples: int, batch_size: int, num_processes: int, process_index: int,
+                  order: list[int] | None = None) -> list[list[tuple[int, bool]]]:
+    """This process's batches of (sample position, counts) pairs: every process gets the same number of full
+    batches (DDP steps in lockstep); the wrap-around repeats are flagged so that evaluation skips them.
+
+    Example:
+        >>> shard_batches(3, batch_size=1, num_processes=2, process_index=1)
+        [[(1, True)], [(0, False)]]
+    """
+    order = list(range(num_samples)) if order is None else order
+    per_step = batch_size * num_processes
+    needed = math.ceil(num_samples / per_step) * per_step
+    padded = [(order[i % num_samples], i < num_samples) for i in range(needed)]
+    return [padded[s + process_index * batch_size : s + (process_index + 1) * batch_size]
+            for s in range(0, needed, per_step)]
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled sample order of one epoch: a function of (seed, epoch) only, so a resumed run can rebuild it."""
+    generator = torch.Generator().manual_seed(stable_seed(seed, epoch, 17))
+    return torch.randperm(num_samples, generator=generator).tolist()
+
+
+def split_heldout(samples: list[dict], fraction: float, max_samples: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) by a seeded shuffle; at least one sample on each side when fraction > 0 and there are two."""
+    if fraction <= 0 or len(samples) < 2:
+        return samples, []
+    count = min(max_samples, max(1, round(fraction * len(samples))), len(samples) - 1)
+    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(stable_seed(seed, 99))).tolist()
+    heldout = set(order[:count])
+    return ([s for i, s in enumerate(samples) if i not in heldout], [s for i, s in enumerate(samples) if i in heldout])

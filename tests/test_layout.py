@@ -1,0 +1,113 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""The package's layout: imports flow one way (payload <- wheels <- models <- data <- evaluation <- training <- cli),
+there is no import cycle, and the remote-code payload imports only torch, transformers, the standard library and its
+sibling payload modules (a published checkpoint copies those files and nothing else)."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_dflash"
+PAYLOAD = ("configuration_dflash", "modeling_dflash", "generation_dflash", "model_card")
+# Each module may import modules of its own layer or of the layers before it, never after.
+LAYERS = (
+    ("hf_dflash",) + tuple(f"hf_dflash.{name}" for name in PAYLOAD),
+    ("hf_dflash.wheels",),
+    ("hf_dflash.models",),
+    ("hf_dflash.data",),
+    ("hf_dflash.evaluation",),
+    ("hf_dflash.training",),
+    ("hf_dflash.cli", "hf_dflash.__main__"),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module `path` imports, at top level or inside functions."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            found.add(module)
+            # `from . import x` / `from .pkg import sub` may name submodules
+            found |= {f"{module}.{alias.name}" for alias in node.names if (PACKAGE.parent / f"{module}.{alias.name}"
+                      .replace(".", "/")).with_suffix(".py").exists()}
+    return found
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def layer_of(module: str) -> int:
+    for index, names in enumerate(LAYERS):
+        if any(module == n or (n != "hf_dflash" and module.startswith(n + ".")) for n in names):
+            return index
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}.")
+
+
+def own_imports(path: Path) -> set[str]:
+    return {m for m in imported_modules(path) if m == "hf_dflash" or m.startswith("hf_dflash.")}
+
+
+def test_every_module_has_a_layer():
+    for module in package_modules():
+        layer_of(module)
+
+
+def test_imports_flow_one_way():
+    wrong = []
+    for module, path in package_modules().items():
+        for imported in own_imports(path):
+            if layer_of(imported) > layer_of(module):
+                wrong.append(f"{module} imports {imported}")
+    assert not wrong, "imports against the flow payload <- wheels <- models <- data <- evaluation <- training <- cli: " \
+        + "; ".join(sorted(wrong))
+
+
+def test_no_import_cycles():
+    modules = package_modules()
+    graph = {m: {i for i in own_imports(p) if i in modules and i != m} for m, p in modules.items()}
+    # a remote-code copy of generation_dflash imports the installed package instead of routing generate itself;
+    # the installed copy never runs that import
+    graph["hf_dflash.generation_dflash"].discard("hf_dflash")
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                pytest.fail("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [node, nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+@pytest.mark.parametrize("name", PAYLOAD)
+def test_payload_imports_only_torch_transformers_and_siblings(name):
+    # huggingface_hub is a hard requirement of transformers: wherever transformers loads, it is there
+    allowed_roots = {"torch", "transformers", "huggingface_hub"} | set(sys.stdlib_module_names)
+    siblings = {f"hf_dflash.{n}" for n in PAYLOAD} | {"hf_dflash"}
+    bad = sorted(m for m in imported_modules(PACKAGE / f"{name}.py")
+                 if m.split(".")[0] not in allowed_roots and m not in siblings)
+    assert not bad, f"{name}.py is copied next to published weights; it may not import {bad}"
