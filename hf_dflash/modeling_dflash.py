@@ -210,6 +210,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         attention_mask=None,
         past_key_values=None,
         use_cache: bool | None = None,
+        cache=None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         r"""
@@ -226,9 +227,12 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 a ready 4D boolean mask / flex-attention `BlockMask` (training: block-causal masks).
             past_key_values (`Cache`, *optional*):
                 Cache of context K/V; the block's K/V are appended too, and the caller crops them afterwards.
+            cache (`Cache`, *optional*):
+                The same, under the name transformers uses from 5.24 on (its built-in DFlash generator passes it).
         Returns:
             `BaseModelOutputWithPast` with `last_hidden_state` `[batch, q_len, hidden]` (before the target LM head).
         """
+        past_key_values = cache if cache is not None else past_key_values
         batch, q_len = noise_embeds.shape[:2]
         n_ctx = 0 if context_hidden_states is None else context_hidden_states.shape[1]
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0

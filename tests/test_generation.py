@@ -530,3 +530,24 @@ def test_our_calls_log_no_deprecation_warnings(qwen3_target):
         root.removeHandler(handler)
     deprecations = [m for m in handler.messages if "deprecat" in m.lower()]
     assert not deprecations, deprecations
+
+
+def test_builtin_generation_gives_the_drafter_its_context_cache(qwen3_target):
+    """transformers' own DFlash generator passes the drafter's cache as `cache=` (5.24): it must be used, so
+    later drafts read the context K/V of earlier cycles instead of drafting from no context."""
+    drafter = make_drafter(qwen3_target, 8)
+    prompt = make_prompt(6, seed=83)
+    seen = []
+
+    def record(module, args, kwargs, output):
+        cache = output.get("cache", output.get("past_key_values"))
+        seen.append(0 if cache is None else cache.get_seq_length())
+
+    handle = drafter.register_forward_hook(record, with_kwargs=True)
+    try:
+        with hf_dflash.builtin_generation():
+            got = qwen3_target.generate(prompt, assistant_model=drafter, max_new_tokens=20, speculation_type="dflash")
+    finally:
+        handle.remove()
+    assert_same(got, plain_generate(qwen3_target, prompt, max_new_tokens=20))
+    assert len(seen) > 1 and max(seen) > 0, seen
