@@ -1,13 +1,13 @@
-"""Batched speculative generation: a left-padded batch, lossless per row, rows keep their own acceptances."""
+"""Batched speculative generation: a left-padded batch, lossless per row, rows keep their own acceptances.
 
-import collections
+Batched sampling laws (rows that really draft, chi-square per row) are in test_sampling_laws.py."""
+
 import contextlib
 import random
 
 import pytest
 import torch
 from conftest import ARCHS, cached_target, make_drafter, make_prompt, plain_generate
-from test_sampling import P_THRESHOLD, chi_square_pvalue
 
 from hf_dflash.generation_dflash import DFlashCandidateGenerator
 
@@ -115,26 +115,20 @@ def test_rows_that_finish_early_are_padded():
     assert eos in out[1].tolist()
 
 
-def test_batched_sampling_follows_each_rows_distribution():
-    """Per-row rejection test: the token after the first (draft-and-verify) matches the exact target distribution."""
-    vocab = 8
-    target = cached_target("qwen3", vocab_size=vocab, initializer_range=0.15, seed=3)
-    drafter = make_drafter(target, 4, seed=4)
-    prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[5, 4]])]
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "bug: transformers 5.24 gives RepetitionPenaltyLogitsProcessor a per-row prompt_ignore_length tensor (padding "
+    "lengths) whenever an attention_mask is passed; the DFlash loop calls the processors on single rows (drafter "
+    "and verify fallback paths), which raises 'Incompatible `prompt_ignore_length` batch size'"))
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_batched_repetition_penalty_with_an_attention_mask(do_sample):
+    """A left-padded batch with repetition_penalty: each row as plain generate gives it (greedy), or at least runs."""
+    target = cached_target("qwen3")
+    drafter = make_drafter(target, 4)
+    prompts = [make_prompt(n, seed=60 + n) for n in (5, 2, 8)]
     ids, mask = left_padded(prompts)
-    torch.manual_seed(0)
-    counts = [collections.Counter(), collections.Counter()]
-    for _ in range(600):
-        out = target.generate(
-            ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=2, do_sample=True, top_k=0,
-            pad_token_id=PAD,
-        )
-        for r in range(2):
-            counts[r][tuple(out[r, -2:].tolist())] += 1
-    for r, prompt in enumerate(prompts):
-        first = target(prompt).logits[0, -1].softmax(-1)
-        exact = {}
-        for a in range(vocab):
-            second = target(torch.cat([prompt, torch.tensor([[a]])], dim=1)).logits[0, -1].softmax(-1)
-            exact.update({(a, b): float(first[a] * second[b]) for b in range(vocab)})
-        assert chi_square_pvalue(counts[r], exact) > P_THRESHOLD, r
+    kwargs = dict(max_new_tokens=16, repetition_penalty=1.5, pad_token_id=PAD, do_sample=do_sample)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, **kwargs)
+    if not do_sample:
+        assert torch.equal(out, target.generate(ids, attention_mask=mask, **kwargs))
+        for r, prompt in enumerate(prompts):
+            assert row_new_tokens(out, ids, r) == alone(target, prompt, max_new_tokens=16, repetition_penalty=1.5)
