@@ -14,7 +14,13 @@ position only counts when all positions before it were accepted.
 Layout: :mod:`~hf_dflash.training.arguments` (what a run is), :mod:`~hf_dflash.training.recipe` (gamma, anchors,
 blocks, data order), :mod:`~hf_dflash.training.loss` (block mask and weighted loss),
 :mod:`~hf_dflash.training.features` (target features, cached on disk), :mod:`~hf_dflash.training.trainer` (the
-loop, checkpoints, resume), :mod:`~hf_dflash.training.export` (the final drafter folder, Hub upload).
+loop, checkpoints, resume), :mod:`~hf_dflash.training.curves` (training_log.jsonl and the learning-curve PNG),
+:mod:`~hf_dflash.training.export` (the final drafter folder, Hub upload).
+
+Recipe options beyond the paper (issue 13; each off by default): distillation from the target's distribution
+(``distill_weight``, ``distill_top_k``), an acceptance-aware loss (``acceptance_loss_weight``), position weights
+that follow the measured acceptance (``position_weighting="acceptance"``), a training-time vocabulary
+(``train_vocab_size``) and initialisation from the target's last layers (``init_from_target``).
 
 Example:
     >>> from hf_dflash.training import DFlashTrainingArguments, DFlashTrainer
@@ -29,9 +35,11 @@ from .arguments import (
     last_checkpoint,
     validate_arguments,
 )
-from .features import FeatureCache, context_features
+from .curves import CURVES_FILE, LOG_FILE, TrainingLog, plot_training_curves, read_log
+from .features import FeatureCache, context_features, target_outputs
 from .loss import (
     BlockLossOutput,
+    Objective,
     block_diffusion_loss,
     block_mask_mod,
     dense_block_mask,
@@ -40,8 +48,11 @@ from .loss import (
 from .recipe import (
     IGNORE_INDEX,
     BlockBatch,
+    batch_vocabulary,
     default_gamma,
+    dynamic_position_weights,
     epoch_order,
+    frequent_tokens,
     gamma_at,
     make_block_batch,
     position_weights,
@@ -49,31 +60,42 @@ from .recipe import (
     shard_batches,
     split_heldout,
 )
-from .trainer import DFlashTrainer, initial_drafter_weights, train
+from .trainer import DFlashTrainer, initial_drafter_weights, initial_weights_from_target, train
 
 __all__ = [
+    "CURVES_FILE",
     "IGNORE_INDEX",
+    "LOG_FILE",
     "BlockBatch",
     "BlockLossOutput",
     "DFlashTrainer",
     "DFlashTrainingArguments",
     "FeatureCache",
+    "Objective",
+    "TrainingLog",
+    "batch_vocabulary",
     "block_diffusion_loss",
     "block_mask_mod",
     "check_output_dir",
     "context_features",
     "default_gamma",
     "dense_block_mask",
+    "dynamic_position_weights",
     "epoch_order",
     "flex_block_mask",
+    "frequent_tokens",
     "gamma_at",
     "initial_drafter_weights",
+    "initial_weights_from_target",
     "last_checkpoint",
     "make_block_batch",
+    "plot_training_curves",
     "position_weights",
+    "read_log",
     "sample_anchors",
     "shard_batches",
     "split_heldout",
+    "target_outputs",
     "train",
     "validate_arguments",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,9 @@ GAMMA_SCHEDULES = ("constant", "per-epoch", "linear")
 
 
 VARIANTS = ("dflash", "dflare")
+
+
+POSITION_WEIGHTINGS = ("fixed", "acceptance")
 
 
 RUN_ARGS_FILE = "run_args.json"
@@ -34,7 +37,7 @@ ACCELERATE_STATE_DIR = "training_state"
 NON_DEFINING_FIELDS = frozenset({
     "output_dir", "resume", "save_every", "save_total_limit", "eval_prompts", "num_eval_prompts",
     "eval_max_new_tokens", "feature_cache", "attn_implementation", "logging_steps", "push_to_hub",
-    "max_eval_samples", "target_device_map",
+    "max_eval_samples", "target_device_map", "eval_every", "max_cpu_seconds",
 })
 
 
@@ -100,6 +103,34 @@ class DFlashTrainingArguments:
     target_device_map: str | None = field(default=None, metadata={
         "help": "device_map for a target larger than one device (single process), e.g. auto."})
     logging_steps: int = field(default=10, metadata={"help": "Log every N optimizer steps."})
+    eval_every: int = field(default=0, metadata={
+        "help": "Held-out evaluation every N optimizer steps (and at step 0) besides each epoch end, appended to "
+                "training_log.jsonl with training seconds and processed tokens/blocks (0 = epoch ends only)."})
+    max_cpu_seconds: float | None = field(default=None, metadata={
+        "help": "Stop after this many CPU seconds of training steps (process CPU time, evaluation excluded; "
+                "equal-compute comparisons). The learning-rate schedule still follows --epochs / --max-steps."})
+    # recipe options (issue 13); every default keeps the paper's recipe
+    distill_weight: float = field(default=0.0, metadata={
+        "help": "Share a of distillation from the frozen target's next-token distribution at each label position: "
+                "per-token loss (1-a) CE(label) + a KL(target || drafter); 0 = hard labels only."})
+    distill_top_k: int = field(default=0, metadata={
+        "help": "Distil the target's top-k tokens only (renormalised); 0 = its full distribution. Target logits come "
+                "from its final hidden states (cached with --feature-cache)."})
+    acceptance_loss_weight: float = field(default=0.0, metadata={
+        "help": "Share l of the acceptance-aware (LK-style) loss -log(1 + sum_k prod_{j<=k} p_j(label)) per block "
+                "(the expected accepted drafts): loss = (1-l) position-weighted loss + l acceptance loss; 0 = off."})
+    position_weighting: str = field(default="fixed", metadata={
+        "help": "fixed: w_k = exp(-(k-1)/gamma); acceptance: w_k = running rate at which training drafts reach "
+                "position k (all earlier positions right), starting from the fixed weights (D-PACE-like).",
+        "choices": POSITION_WEIGHTINGS})
+    position_weight_floor: float = field(default=0.02, metadata={
+        "help": "Smallest weight of a position under --position-weighting acceptance."})
+    train_vocab_size: int = field(default=0, metadata={
+        "help": "Training-time LM head restricted to the N most frequent response tokens of the training data plus "
+                "each batch's labels (cuts the head's cost; held-out metrics use the full head); 0 = full vocabulary."})
+    init_from_target: bool = field(default=False, metadata={
+        "help": "Initialise the drafter layers and final norm from the target's last layers where names and shapes "
+                "match (instead of random)."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Hub repo id to upload the final drafter to."})
 
     @property
@@ -142,6 +173,18 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
         raise ValueError(f"eval_split={args.eval_split} must be in [0, 1).")
     if args.attn_implementation not in ("auto", "flex_attention", "sdpa", "eager"):
         raise ValueError(f"attn_implementation={args.attn_implementation!r}: auto, flex_attention, sdpa or eager.")
+    for name in ("distill_weight", "acceptance_loss_weight"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise ValueError(f"{name}={getattr(args, name)} must be in [0, 1] (a share of the loss).")
+    for name in ("distill_top_k", "train_vocab_size", "eval_every"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"{name}={getattr(args, name)} must be >= 0 (0 = off).")
+    if args.position_weighting not in POSITION_WEIGHTINGS:
+        raise ValueError(f"position_weighting={args.position_weighting!r}; choose one of {POSITION_WEIGHTINGS}.")
+    if not 0 < args.position_weight_floor <= 1:
+        raise ValueError(f"position_weight_floor={args.position_weight_floor} must be in (0, 1].")
+    if args.init_from_target and args.init_drafter:
+        raise ValueError("--init-from-target and --init-drafter both set the drafter's initial weights: pass one.")
     if not Path(args.data).exists():
         raise ValueError(f"--data {args.data!r} does not exist.")
 
@@ -155,8 +198,11 @@ def check_output_dir(args: DFlashTrainingArguments) -> Path | None:
     if saved_file.exists():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))
         current = json.loads(json.dumps(args.run_fingerprint()))  # same JSON types as the saved copy
+        # a field added after the run started (e.g. a new recipe option) matches when it keeps its default
+        defaults = json.loads(json.dumps({f.name: f.default for f in fields(DFlashTrainingArguments)
+                                          if f.default is not MISSING}))
         differ = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
-                  if saved.get(k) != current.get(k)}
+                  if saved.get(k, defaults.get(k)) != current.get(k)}
         if differ:
             details = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
             raise ValueError(f"Output folder {output} holds a different run ({details}). Use another --output, or the "

@@ -77,9 +77,33 @@ def resolve_attn_implementation(name: str, device: torch.device) -> str:
 
 
 @dataclass
+class Objective:
+    """What the drafter minimises besides the paper's position-weighted cross-entropy (every default: off).
+
+    - ``distill_weight`` a: the per-token loss is (1 - a) CE(label) + a KL(target || drafter), where the target's
+      next-token distribution at a label's position comes from its final hidden state (``teacher_hidden``);
+      ``distill_top_k`` > 0 keeps only the target's top-k tokens, renormalised.
+    - ``acceptance_weight`` l: loss = (1 - l) position-weighted loss + l mean over blocks of
+      -log(1 + sum_k prod_{j<=k} p_j), p_j the drafter's probability of label j: the (log) expected number of
+      accepted drafts of a block, which is what inference rewards (LK-style, arXiv 2602.23881 in spirit).
+    - ``logit_softcap``: the target's final logit soft-capping (Gemma-style), applied to its distribution.
+    """
+
+    distill_weight: float = 0.0
+    distill_top_k: int = 0
+    acceptance_weight: float = 0.0
+    logit_softcap: float | None = None
+
+    @property
+    def distills(self) -> bool:
+        return self.distill_weight > 0
+
+
+@dataclass
 class BlockLossOutput:
-    """Weighted loss (for backward) plus the sums behind the reported loss, per-position accuracy and the expected
-    acceptance length; sums add up across micro-batches and processes."""
+    """Loss (for backward) plus the sums behind the reported loss, per-position accuracy and the expected
+    acceptance length; sums add up across micro-batches and processes. The reported loss is always the
+    position-weighted hard-label cross-entropy, whatever the objective, so recipes stay comparable."""
 
     loss: torch.Tensor
     weighted_ce: torch.Tensor  # sum of w_k * CE (detached)
@@ -88,9 +112,12 @@ class BlockLossOutput:
     counted: torch.Tensor  # [B-1] supervised labels per draft position
     acceptance_sum: torch.Tensor  # sum over blocks of 1 + sum_k prod_{j<=k} correct_j
     num_blocks: torch.Tensor
+    reached: torch.Tensor | None = None  # [B-1] supervised positions whose earlier positions were all right
 
     def sums(self) -> list[torch.Tensor]:
-        return [self.weighted_ce, self.weight, self.correct, self.counted, self.acceptance_sum, self.num_blocks]
+        reached = self.reached if self.reached is not None else torch.zeros_like(self.counted)
+        return [self.weighted_ce, self.weight, self.correct, self.counted, self.acceptance_sum, self.num_blocks,
+                reached]
 
     def metrics(self) -> dict[str, Any]:
         return {
@@ -126,25 +153,57 @@ def block_hidden_states(drafter, embed_tokens, features: torch.Tensor, batch: Bl
     return hidden.view(b, num_blocks, block_size, -1)
 
 
-def block_diffusion_loss(drafter, embed_tokens, lm_head, features: torch.Tensor, batch: BlockBatch,
-                         weights: torch.Tensor, attn_implementation: str = "sdpa",
-                         chunk_size: int = 4096) -> BlockLossOutput:
-    """The weighted block loss of a batch, with the sums behind per-position accuracy and expected tau.
+def teacher_rows(teacher_hidden: torch.Tensor, batch: BlockBatch) -> torch.Tensor:
+    """The target's final hidden state that predicts each label: position anchor + k - 1 for label k (the target's
+    next-token distribution there is what the label was generated from), [b, A, B-1, H]."""
+    b, num_blocks, drafts = batch.labels.shape
+    positions = batch.block_positions.view(b, num_blocks, drafts + 1)[:, :, :-1].clamp_max(teacher_hidden.shape[1] - 1)
+    gathered = teacher_hidden.gather(1, positions.flatten(1)[:, :, None].expand(-1, -1, teacher_hidden.shape[-1]))
+    return gathered.view(b, num_blocks, drafts, -1)
 
-    loss = sum(w_k * CE_k) / sum(w_k) over supervised labels; a block's expected acceptance length is
+
+def block_diffusion_loss(drafter, embed_tokens, lm_head, features: torch.Tensor, batch: BlockBatch,
+                         weights: torch.Tensor, attn_implementation: str = "sdpa", chunk_size: int = 4096,
+                         objective: Objective | None = None, teacher_hidden: torch.Tensor | None = None,
+                         vocab_ids: torch.Tensor | None = None) -> BlockLossOutput:
+    """The block loss of a batch, with the sums behind per-position accuracy and expected tau.
+
+    Default: loss = sum(w_k * CE_k) / sum(w_k) over supervised labels. `objective` adds distillation (needs
+    `teacher_hidden`, the target's final hidden states [b, S, H]) and the acceptance-aware term; `vocab_ids`
+    (sorted, containing every label) restricts the LM head to those rows. A block's expected acceptance length is
     1 + sum_k prod_{j<=k} correct_j (an unsupervised position ends it).
     """
+    objective = objective or Objective()
     hidden = block_hidden_states(drafter, embed_tokens, features, batch, attn_implementation)
     drafts = hidden[:, :, 1:]  # position 0 holds the anchor: not a prediction
     supervised = batch.labels != IGNORE_INDEX
+    labels = batch.labels[supervised]
+    if vocab_ids is not None:
+        vocab_ids = vocab_ids.to(labels.device)
+        labels = torch.searchsorted(vocab_ids, labels)
+    teacher = None
+    if objective.distills:
+        if teacher_hidden is None:
+            raise ValueError("distillation needs the target's final hidden states (teacher_hidden).")
+        teacher = teacher_rows(teacher_hidden.to(hidden.device), batch)[supervised]
     weight = weights.to(hidden.device)[None, None, :].expand_as(batch.labels)[supervised]
-    weighted_ce, hits = chunked_weighted_cross_entropy(drafts[supervised], batch.labels[supervised], weight, lm_head,
-                                                       chunk_size)
-    loss = weighted_ce / weight.sum().clamp_min(1e-6)
+    ce, kl, hits = chunked_token_losses(drafts[supervised], labels, lm_head, chunk_size, vocab_ids, teacher,
+                                        objective)
+    weighted_ce = (ce * weight).sum()
+    token_loss = ce if kl is None else (1 - objective.distill_weight) * ce + objective.distill_weight * kl
+    loss = (token_loss * weight).sum() / weight.sum().clamp_min(1e-6)
+    valid = batch.block_valid
+    if objective.acceptance_weight > 0:
+        log_p = torch.zeros(supervised.shape, dtype=ce.dtype, device=ce.device).masked_scatter(supervised, -ce)
+        reach = torch.exp(torch.cumsum(log_p, dim=-1)) * supervised.to(ce.dtype).cumprod(dim=-1)
+        acceptance = -torch.log1p(reach.sum(dim=-1))[valid]  # [blocks]: -log(1 + expected accepted drafts)
+        acceptance_loss = acceptance.sum() / valid.sum().clamp_min(1)
+        loss = (1 - objective.acceptance_weight) * loss + objective.acceptance_weight * acceptance_loss
     correct = torch.zeros_like(supervised)
     correct[supervised] = hits
-    accepted = correct.long().cumprod(dim=-1).sum(dim=-1)
-    valid = batch.block_valid
+    prefix = correct.long().cumprod(dim=-1)
+    accepted = prefix.sum(dim=-1)
+    before = torch.cat([torch.ones_like(prefix[..., :1]), prefix[..., :-1]], dim=-1).bool()
     return BlockLossOutput(
         loss=loss,
         weighted_ce=weighted_ce.detach().float(),
@@ -153,28 +212,56 @@ def block_diffusion_loss(drafter, embed_tokens, lm_head, features: torch.Tensor,
         counted=supervised.sum(dim=(0, 1)).float(),
         acceptance_sum=(1 + accepted[valid]).sum().float(),
         num_blocks=valid.sum().float(),
+        reached=(before & supervised).sum(dim=(0, 1)).float(),
     )
 
 
-def chunked_weighted_cross_entropy(hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, lm_head,
-                                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of weight * CE, argmax == label) over rows, with LM-head logits materialised `chunk_size` rows at a time
-    (recomputed in backward): 8K rows x a 150K vocabulary would otherwise hold gigabytes of logits."""
+def head_logits(lm_head, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """LM-head logits (fp32) over the whole vocabulary, or over the rows `vocab_ids` only."""
+    hidden = hidden.to(lm_head.weight.dtype)
+    if vocab_ids is None:
+        return lm_head(hidden).float()
+    bias = lm_head.bias[vocab_ids] if getattr(lm_head, "bias", None) is not None else None
+    return F.linear(hidden, lm_head.weight[vocab_ids], bias).float()
 
-    def chunk(h, y, w):
-        logits = lm_head(h.to(lm_head.weight.dtype)).float()
-        return (F.cross_entropy(logits, y, reduction="none") * w).sum(), logits.argmax(dim=-1) == y
+
+def chunked_token_losses(hidden: torch.Tensor, labels: torch.Tensor, lm_head, chunk_size: int,
+                         vocab_ids: torch.Tensor | None = None, teacher: torch.Tensor | None = None,
+                         objective: Objective | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Per row: (CE of the label, KL(target || drafter) or None, argmax == label), with LM-head logits materialised
+    `chunk_size` rows at a time (recomputed in backward): 8K rows x a 150K vocabulary would otherwise hold gigabytes
+    of logits. `teacher` holds the target's final hidden states of the rows (distillation)."""
+    objective = objective or Objective()
+
+    def chunk(h, y, t):
+        logits = head_logits(lm_head, h, vocab_ids)
+        log_q = F.log_softmax(logits, dim=-1)
+        ce = -log_q.gather(1, y[:, None])[:, 0]
+        kl = None
+        if t is not None:
+            with torch.no_grad():
+                teacher_logits = head_logits(lm_head, t, vocab_ids)
+                if objective.logit_softcap:
+                    teacher_logits = torch.tanh(teacher_logits / objective.logit_softcap) * objective.logit_softcap
+                if objective.distill_top_k:
+                    top = teacher_logits.topk(min(objective.distill_top_k, teacher_logits.shape[-1]), dim=-1)
+                    log_p, index = F.log_softmax(top.values, dim=-1), top.indices
+                else:
+                    log_p, index = F.log_softmax(teacher_logits, dim=-1), None
+            student = log_q if index is None else log_q.gather(1, index)
+            kl = (log_p.exp() * (log_p - student)).sum(dim=-1)
+        return ce, kl, logits.argmax(dim=-1) == y
 
     if hidden.shape[0] <= chunk_size:
-        return chunk(hidden, labels, weights)
-    totals, hits = [], []
+        return chunk(hidden, labels, teacher)
+    parts = []
     for start in range(0, hidden.shape[0], chunk_size):
         part = slice(start, start + chunk_size)
-        total, hit = torch.utils.checkpoint.checkpoint(chunk, hidden[part], labels[part], weights[part],
-                                                       use_reentrant=False)
-        totals.append(total)
-        hits.append(hit)
-    return torch.stack(totals).sum(), torch.cat(hits)
+        parts.append(torch.utils.checkpoint.checkpoint(chunk, hidden[part], labels[part],
+                                                       None if teacher is None else teacher[part],
+                                                       use_reentrant=False))
+    ce, kl, hits = zip(*parts)
+    return torch.cat(ce), None if teacher is None else torch.cat(kl), torch.cat(hits)
 
 
 def add_sums(total: BlockLossOutput | None, out: BlockLossOutput) -> BlockLossOutput:

@@ -68,6 +68,68 @@ def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
 
 
+# Momentum of the running reach rates behind --position-weighting acceptance (about the last 10 steps count).
+REACH_RATE_MOMENTUM = 0.9
+
+
+def initial_reach_rates(block_size: int, gamma: float) -> list[float]:
+    """Starting point of the dynamic position weights: the fixed weights exp(-(k-1)/gamma), as Python floats (they
+    are checkpointed as JSON, which round-trips floats exactly)."""
+    return [math.exp(-k / gamma) for k in range(block_size - 1)]
+
+
+def update_reach_rates(rates: list[float], reached: torch.Tensor, counted: torch.Tensor,
+                       momentum: float = REACH_RATE_MOMENTUM) -> list[float]:
+    """Running rate at which drafts reach position k (every position before k right), from one step's counts;
+    positions without labels this step keep their rate.
+
+    Example:
+        >>> update_reach_rates([1.0, 0.5], torch.tensor([4.0, 1.0]), torch.tensor([4.0, 4.0]), momentum=0.5)
+        [1.0, 0.375]
+    """
+    out = []
+    for rate, hit, total in zip(rates, reached.tolist(), counted.tolist()):
+        out.append(momentum * rate + (1 - momentum) * hit / total if total > 0 else rate)
+    return out
+
+
+def dynamic_position_weights(rates: list[float], floor: float) -> torch.Tensor:
+    """D-PACE-like weights: position k counts as often as drafts reach it, i.e. in proportion to the measured chance
+    that all positions before it were accepted (at least `floor`, so no position is abandoned).
+
+    Example:
+        >>> dynamic_position_weights([1.0, 0.2, 0.001], floor=0.01)
+        tensor([1.0000, 0.2000, 0.0100])
+    """
+    return torch.tensor(rates, dtype=torch.float32).clamp_min(floor)
+
+
+def frequent_tokens(samples: list[dict], count: int) -> torch.Tensor:
+    """The `count` most frequent response (supervised) tokens of `samples`, by count then id, sorted by id: the
+    training-time vocabulary of --train-vocab-size (FR-Spec-like).
+
+    Example:
+        >>> s = {"input_ids": torch.tensor([5, 7, 7, 9, 9, 9]), "loss_mask": torch.tensor([0, 1, 1, 1, 1, 1]).bool()}
+        >>> frequent_tokens([s], 2).tolist()
+        [7, 9]
+    """
+    tokens = torch.cat([s["input_ids"][s["loss_mask"]].long() for s in samples])
+    ids, counts = tokens.unique(return_counts=True)
+    order = sorted(range(len(ids)), key=lambda i: (-int(counts[i]), int(ids[i])))[:count]
+    return ids[order].sort().values
+
+
+def batch_vocabulary(frequent: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sorted token ids of the restricted LM head for one batch: the frequent tokens plus every label in it.
+
+    Example:
+        >>> batch_vocabulary(torch.tensor([3, 8]), torch.tensor([[5, IGNORE_INDEX, 8]])).tolist()
+        [3, 5, 8]
+    """
+    present = labels[labels != IGNORE_INDEX].to(frequent.device)
+    return torch.cat([frequent, present]).unique(sorted=True)
+
+
 def stable_seed(*parts: int) -> int:
     """A seed that depends only on `parts` (not on Python's hash randomisation), for per-sample generators."""
     seed = 0x9E3779B1

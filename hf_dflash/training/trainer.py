@@ -1,6 +1,7 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """The training loop: :class:`DFlashTrainer` (accelerate for devices and DDP, exact resume from atomic checkpoints,
-held-out evaluation every epoch, generate()-measured tau and export at the end) and :func:`train`.
+held-out evaluation every epoch and every ``eval_every`` steps into ``training_log.jsonl``, the recipe options of
+issue 13, generate()-measured tau, learning curves and export at the end) and :func:`train`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,10 +34,12 @@ from .arguments import (
     check_output_dir,
     validate_arguments,
 )
+from .curves import CURVES_FILE, LOG_FILE, TrainingLog, plot_training_curves, read_log
 from .export import push_folder_to_hub, write_folder_atomically
-from .features import FeatureCache, context_features
+from .features import FeatureCache, target_outputs
 from .loss import (
     BlockLossOutput,
+    Objective,
     add_sums,
     block_diffusion_loss,
     resolve_attn_implementation,
@@ -43,14 +47,19 @@ from .loss import (
 from .recipe import (
     IGNORE_INDEX,
     BlockBatch,
+    batch_vocabulary,
+    dynamic_position_weights,
     epoch_order,
+    frequent_tokens,
     gamma_at,
+    initial_reach_rates,
     make_block_batch,
     position_weights,
     sample_anchors,
     shard_batches,
     split_heldout,
     stable_seed,
+    update_reach_rates,
 )
 
 logger = logging.get_logger(__name__)
@@ -76,6 +85,37 @@ def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlas
     fresh.load_state_dict(loaded.state_dict(), strict=True)
     logger.info(f"Drafter weights initialised from {init_drafter}.")
     return fresh
+
+
+def initial_weights_from_target(drafter: DFlashDraftModel, target) -> list[str]:
+    """Copy the target's last decoder layers into the drafter's layers (drafter layer i <- target layer
+    n - L + i) and its final norm into the drafter's, wherever a parameter's name and shape match; DFlare's separate
+    context projections (``k_proj_target`` / ``v_proj_target``) start from the same layer's ``k_proj`` / ``v_proj``.
+    Returns the drafter parameter names that were copied (the rest keep their random init)."""
+    decoder = target.get_decoder()
+    target_layers = list(decoder.layers)
+    drafter_layers = list(drafter.layers)
+    offset = len(target_layers) - len(drafter_layers)
+    copied = []
+    with torch.no_grad():
+        pairs = [(f"layers.{i}.", layer, target_layers[max(0, offset + i)]) for i, layer in enumerate(drafter_layers)]
+        pairs.append(("norm.", drafter.norm, getattr(decoder, "norm", None)))
+        for prefix, mine, theirs in pairs:
+            if theirs is None:
+                continue
+            source = dict(theirs.named_parameters())
+            for name, param in mine.named_parameters():
+                origin = name.replace("k_proj_target", "k_proj").replace("v_proj_target", "v_proj")
+                if origin in source and source[origin].shape == param.shape:
+                    param.copy_(source[origin].to(param.dtype))
+                    copied.append(prefix + name)
+    if not copied:
+        logger.warning("--init-from-target: no drafter parameter matches the target's layers in name and shape; the "
+                       "drafter keeps its random initialisation.")
+    else:
+        logger.info(f"Drafter initialised from the target's last {len(drafter_layers)} layer(s): "
+                    f"{len(copied)} tensors.")
+    return copied
 
 
 class DFlashTrainer:
@@ -123,6 +163,8 @@ class DFlashTrainer:
         )  # raises a ValueError for layer ids the target does not have
         if args.init_drafter:
             drafter = initial_drafter_weights(drafter, args.init_drafter)
+        if args.init_from_target:
+            initial_weights_from_target(drafter, target)
         self.attn_implementation = resolve_attn_implementation(args.attn_implementation, device)
         drafter.config._attn_implementation = self.attn_implementation
         drafter = drafter.to(device=device, dtype=torch.float32).train()  # fp32 master weights; autocast does bf16
@@ -152,8 +194,20 @@ class DFlashTrainer:
                 "target": args.run_fingerprint()["target"], "data": args.run_fingerprint()["data"],
                 "target_layer_ids": self.layer_ids, "max_length": args.max_length, "dtype": str(target.dtype)})
 
+        softcap = getattr(target.config, "final_logit_softcapping", None)
+        self.objective = Objective(args.distill_weight, args.distill_top_k, args.acceptance_loss_weight,
+                                   softcap if isinstance(softcap, (int, float)) else None)
+        self.train_vocab = (frequent_tokens(self.train_samples, args.train_vocab_size)
+                            if args.train_vocab_size else None)
+
         self.global_step, self.epoch, self.groups_done, self.last_saved_step = 0, 0, 0, -1
         self.history: list[dict[str, Any]] = []
+        self.reach_rates = initial_reach_rates(args.block_size, gamma_at(args, 0, 0, self.total_steps))
+        # compute spent so far (checkpointed: a resumed run continues the counts)
+        self.compute = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "elapsed_seconds": 0.0, "tokens": 0,
+                        "blocks": 0}
+        self.log_bytes, self.last_eval_step, self.training_log = 0, None, None
+        self._started, self._elapsed_base = None, 0.0
         if self.accelerator.is_main_process:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
             (Path(args.output_dir) / RUN_ARGS_FILE).write_text(
@@ -178,30 +232,52 @@ class DFlashTrainer:
     def model_config(self):
         return self.accelerator.unwrap_model(self.model).config
 
-    def features_for(self, batch: BlockBatch) -> torch.Tensor:
-        """Target features of a batch, from the feature cache when every sample is in it."""
+    def features_for(self, batch: BlockBatch, final_hidden: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(target features, the target's final hidden states or None) of a batch, from the feature cache when
+        every sample is in it; `final_hidden` (distillation) also reads/writes the cached final hidden states."""
         cache = self.feature_cache
+        kinds = ["", "final"] if final_hidden else [""]
         if cache is not None:
-            cached = [cache.get(i) for i in batch.sample_indices]
-            if all(c is not None for c in cached):
-                out = torch.zeros(len(cached), batch.context_length, cached[0].shape[-1], dtype=cached[0].dtype)
-                for row, c in enumerate(cached):
-                    out[row, : c.shape[0]] = c
-                return out.to(self.accelerator.device)
+            cached = {kind: [cache.get(i, kind) for i in batch.sample_indices] for kind in kinds}
+            if all(c is not None for parts in cached.values() for c in parts):
+                padded = []
+                for parts in cached.values():
+                    out = torch.zeros(len(parts), batch.context_length, parts[0].shape[-1], dtype=parts[0].dtype)
+                    for row, c in enumerate(parts):
+                        out[row, : c.shape[0]] = c
+                    padded.append(out.to(self.accelerator.device))
+                return padded[0], (padded[1] if final_hidden else None)
         device = self.target.get_input_embeddings().weight.device
-        features = context_features(self.target, batch.input_ids.to(device), batch.attention_mask.to(device),
-                                    self.layer_ids)
+        features, final = target_outputs(self.target, batch.input_ids.to(device), batch.attention_mask.to(device),
+                                         self.layer_ids, final_hidden)
         if cache is not None:
             lengths = batch.attention_mask.sum(dim=1).tolist()
             for row, (index, n) in enumerate(zip(batch.sample_indices, lengths)):
                 cache.put(index, features[row, :n])
-        return features.to(self.accelerator.device)
+                if final is not None:
+                    cache.put(index, final[row, :n], "final")
+        return features.to(self.accelerator.device), None if final is None else final.to(self.accelerator.device)
 
-    def compute_loss(self, batch: BlockBatch, weights: torch.Tensor) -> BlockLossOutput:
-        features = self.features_for(batch)
+    def compute_loss(self, batch: BlockBatch, weights: torch.Tensor, training: bool = False) -> BlockLossOutput:
+        """The loss of a batch: the run's objective and training vocabulary when `training`, else (evaluation) the
+        plain weighted cross-entropy over the full LM head, as inference sees it."""
+        objective = self.objective if training else Objective()
+        features, final = self.features_for(batch, final_hidden=objective.distills)
+        device = self.embed_tokens.weight.device
+        vocab = batch_vocabulary(self.train_vocab, batch.labels) if training and self.train_vocab is not None \
+            else None
         with self.accelerator.autocast():
-            return block_diffusion_loss(self.model, self.embed_tokens, self.lm_head, features,
-                                        batch.to(self.embed_tokens.weight.device), weights, self.attn_implementation)
+            return block_diffusion_loss(self.model, self.embed_tokens, self.lm_head, features, batch.to(device),
+                                        weights, self.attn_implementation, objective=objective,
+                                        teacher_hidden=final, vocab_ids=vocab)
+
+    def step_weights(self, gamma: float) -> torch.Tensor:
+        """Position weights of this step: exp(-(k-1)/gamma), or the running reach rates (--position-weighting
+        acceptance)."""
+        if self.args.position_weighting == "acceptance":
+            return dynamic_position_weights(self.reach_rates, self.args.position_weight_floor)
+        return position_weights(self.args.block_size, gamma)
 
     # ------------------------------------------------------------------------------------------------------------------
     # training
@@ -215,13 +291,14 @@ class DFlashTrainer:
 
     def training_step(self, group: list[list[int]], epoch: int, gamma: float) -> dict[str, Any]:
         """One optimizer step over `group` (grad_accum micro-batches); returns the step's log entry."""
-        weights = position_weights(self.args.block_size, gamma)
-        totals = None
+        weights = self.step_weights(gamma)
+        totals, tokens = None, 0
         for i, positions in enumerate(group):
             batch = self.block_batch([self.train_samples[p] for p in positions], epoch)
+            tokens += int(batch.attention_mask.sum())
             last = i == len(group) - 1
             with contextlib.nullcontext() if last else self.accelerator.no_sync(self.model):
-                out = self.compute_loss(batch, weights)
+                out = self.compute_loss(batch, weights, training=True)
                 self.accelerator.backward(out.loss / len(group))
             totals = add_sums(totals, out)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
@@ -229,8 +306,13 @@ class DFlashTrainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = self._reduce(totals).metrics()
-        return {
+        totals = self._reduce(totals)
+        metrics = totals.metrics()
+        if self.accelerator.num_processes > 1:
+            tokens = int(self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum"))
+        self.compute["tokens"] += tokens
+        self.compute["blocks"] += int(totals.num_blocks)
+        log = {
             "step": self.global_step + 1,
             "epoch": epoch,
             "loss": metrics["loss"],  # weighted CE over all micro-batches and processes of the step
@@ -240,6 +322,10 @@ class DFlashTrainer:
             "lr": lr,
             "gamma": gamma,
         }
+        if self.args.position_weighting == "acceptance":
+            log["position_weights"] = weights.tolist()
+            self.reach_rates = update_reach_rates(self.reach_rates, totals.reached.cpu(), totals.counted.cpu())
+        return log
 
     def _reduce(self, out: BlockLossOutput) -> BlockLossOutput:
         """Sums over all processes (the differentiable loss stays local)."""
@@ -248,21 +334,32 @@ class DFlashTrainer:
         return BlockLossOutput(out.loss, *(self.accelerator.reduce(t, "sum") for t in out.sums()))
 
     def train(self) -> dict[str, Any]:
-        """Train (resuming if asked), evaluate on the held-out split every epoch, save, and measure tau at the end.
+        """Train (resuming if asked), evaluate on the held-out split every epoch (and every ``eval_every`` steps),
+        save, and measure tau at the end.
 
-        Returns the final results (also written to ``eval.json``): held-out metrics and the generate()-measured tau.
+        Returns the final results (also written to ``eval.json``): held-out metrics, the compute spent and the
+        generate()-measured tau. ``training_log.jsonl`` in the output folder holds the learning curves.
         """
         if self.resume_from is not None:
             self.load_checkpoint(self.resume_from)
         args = self.args
+        self.training_log = TrainingLog(Path(args.output_dir) / LOG_FILE, self.log_bytes,
+                                        enabled=self.accelerator.is_main_process)
         progress = tqdm(total=self.total_steps, initial=self.global_step, desc="train", unit="step",
                         disable=not self.accelerator.is_local_main_process)
+        self._started, self._elapsed_base = time.perf_counter(), self.compute["elapsed_seconds"]
         heldout: dict[str, Any] = {}
-        while self.epoch < args.epochs and self.global_step < self.total_steps:
+        if args.eval_every and self.global_step == 0:
+            heldout = self.evaluate_and_log()  # the untrained drafter: the curve's origin
+        while self.epoch < args.epochs and self.global_step < self.total_steps and not self.out_of_budget():
             groups = self.epoch_groups(self.epoch)
-            while self.groups_done < len(groups) and self.global_step < self.total_steps:
+            while (self.groups_done < len(groups) and self.global_step < self.total_steps
+                   and not self.out_of_budget()):
                 gamma = gamma_at(args, self.epoch, self.global_step, self.total_steps)
+                wall, cpu = time.perf_counter(), time.process_time()
                 log = self.training_step(groups[self.groups_done], self.epoch, gamma)
+                self.compute["train_seconds"] += time.perf_counter() - wall
+                self.compute["train_cpu_seconds"] += time.process_time() - cpu
                 self.global_step += 1
                 self.groups_done += 1
                 self.history.append(log)
@@ -271,29 +368,61 @@ class DFlashTrainer:
                                      tau=f"{log['acceptance_length']:.2f}")
                 if self.global_step % args.logging_steps == 0:
                     logger.info(json.dumps(log))
+                    self.training_log.append({"kind": "train", **log, **self.compute_so_far()})
+                if args.eval_every and self.global_step % args.eval_every == 0:
+                    heldout = self.evaluate_and_log()
                 if args.save_every and self.global_step % args.save_every == 0:
                     self.save_checkpoint()
                 for callback in self.callbacks:
                     callback(self, log)
             if self.groups_done >= len(groups):
-                heldout = self.evaluate()
-                if heldout:
-                    self.history.append({"step": self.global_step, "epoch": self.epoch, "heldout": heldout})
+                heldout = self.evaluate_and_log()
                 if heldout and self.accelerator.is_local_main_process:
                     progress.write(f"epoch {self.epoch}: held-out acceptance length {heldout['acceptance_length']:.3f},"
                                    f" accuracy {heldout['accuracy']:.3f}")
                 self.epoch, self.groups_done = self.epoch + 1, 0
                 self.save_checkpoint()
         progress.close()
-        if self.last_saved_step != self.global_step:  # stopped by max_steps mid-epoch
+        heldout = self.evaluate_and_log()  # stopped by max_steps / the CPU budget mid-epoch (else: reused)
+        if self.last_saved_step != self.global_step:
             self.save_checkpoint()
-        if not heldout:
-            heldout = self.evaluate()
         return self.finish(heldout)
+
+    def out_of_budget(self) -> bool:
+        """--max-cpu-seconds spent (decided on the largest count of all processes, so they stop together)."""
+        budget = self.args.max_cpu_seconds
+        if budget is None:
+            return False
+        spent = torch.tensor(self.compute["train_cpu_seconds"], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            spent = self.accelerator.gather(spent[None]).max()
+        return float(spent) >= budget
+
+    def compute_so_far(self) -> dict[str, Any]:
+        """The compute counters, with the wall time since the run started (across resumes) as elapsed_seconds."""
+        if self._started is not None:
+            self.compute["elapsed_seconds"] = self._elapsed_base + time.perf_counter() - self._started
+        return dict(self.compute)
+
+    def evaluate_and_log(self) -> dict[str, Any]:
+        """Held-out evaluation at this step, recorded in the history and in training_log.jsonl (once per step: a
+        second call at the same step returns the recorded metrics)."""
+        if self.last_eval_step == self.global_step:
+            recorded = [h["heldout"] for h in self.history if "heldout" in h and h["step"] == self.global_step]
+            return recorded[-1] if recorded else {}
+        heldout = self.evaluate()
+        self.last_eval_step = self.global_step
+        if heldout:
+            self.history.append({"step": self.global_step, "epoch": self.epoch, "heldout": heldout})
+            if self.training_log is not None:
+                self.training_log.append({"kind": "eval", "step": self.global_step, "epoch": self.epoch,
+                                          **self.compute_so_far(), "heldout": heldout})
+        return heldout
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """Per-position accuracy and expected acceptance length on the held-out split (fixed anchors)."""
+        """Per-position accuracy and expected acceptance length on the held-out split (fixed anchors), with the full
+        LM head and the plain weighted cross-entropy (at this step's gamma) whatever the training objective."""
         if not self.eval_samples:
             return {}
         self.model.eval()
@@ -327,7 +456,10 @@ class DFlashTrainer:
         accelerator.save_state(str(tmp / ACCELERATE_STATE_DIR))
         if accelerator.is_main_process:
             state = {"global_step": self.global_step, "epoch": self.epoch, "groups_done": self.groups_done,
-                     "num_processes": accelerator.num_processes, "history": self.history}
+                     "num_processes": accelerator.num_processes, "history": self.history,
+                     "reach_rates": self.reach_rates, "compute": self.compute_so_far(),
+                     "log_bytes": self.training_log.size if self.training_log is not None else 0,
+                     "last_eval_step": self.last_eval_step}
             (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state) + "\n", encoding="utf-8")
             if final.exists():  # the epoch-end save can land on the step a periodic save just wrote
                 shutil.rmtree(final)
@@ -369,6 +501,10 @@ class DFlashTrainer:
         self.accelerator.load_state(str(checkpoint / ACCELERATE_STATE_DIR))
         self.global_step, self.epoch, self.groups_done = state["global_step"], state["epoch"], state["groups_done"]
         self.history = state["history"]
+        self.reach_rates = state.get("reach_rates", self.reach_rates)
+        self.compute.update(state.get("compute", {}))
+        self.log_bytes = state.get("log_bytes", 0)
+        self.last_eval_step = state.get("last_eval_step")
         self.last_saved_step = self.global_step
         logger.info(f"Resumed from {checkpoint} at step {self.global_step} (epoch {self.epoch}).")
 
@@ -389,6 +525,13 @@ class DFlashTrainer:
             ids.append(sample["input_ids"][:start].tolist())
         return [i for i in ids if i]
 
+    def recipe_options(self) -> dict[str, Any]:
+        """The issue-13 recipe options this run changed from their defaults (recorded in training_info.json)."""
+        names = ("distill_weight", "distill_top_k", "acceptance_loss_weight", "position_weighting",
+                 "position_weight_floor", "train_vocab_size", "init_from_target")
+        defaults = DFlashTrainingArguments("t", "d", "o")
+        return {n: getattr(self.args, n) for n in names if getattr(self.args, n) != getattr(defaults, n)}
+
     def export_drafter(self, state_dict: dict[str, torch.Tensor]) -> DFlashDraftModel:
         """A drafter ready for inference from the full (gathered) weights: the target's dtype and device, sdpa
         attention, eval mode. Built afresh because a sharded (FSDP) model cannot simply be copied."""
@@ -402,7 +545,7 @@ class DFlashTrainer:
         """Measure tau with real generate(), write the drafter + training_info.json + eval.json atomically."""
         accelerator = self.accelerator
         state_dict = accelerator.get_state_dict(self.model)  # a collective under FSDP: every process calls it
-        results: dict[str, Any] = {"heldout": heldout, "steps": self.global_step}
+        results: dict[str, Any] = {"heldout": heldout, "steps": self.global_step, "compute": self.compute_so_far()}
         if not accelerator.is_main_process:
             accelerator.wait_for_everyone()
             return results
@@ -428,6 +571,9 @@ class DFlashTrainer:
             "heldout_acceptance_length": heldout.get("acceptance_length"),
             "heldout_accuracy": heldout.get("accuracy"),
         }
+        recipe = self.recipe_options()
+        if recipe:
+            drafter.training_info["recipe"] = recipe
         if self.args.push_to_hub:
             drafter.training_info["repo_id"] = self.args.push_to_hub
         # the model card's usage snippets name the Hub repo, else the output folder (not the temporary one written)
@@ -437,6 +583,9 @@ class DFlashTrainer:
             drafter.save_pretrained(folder)
             (folder / "training_info.json").write_text(json.dumps(drafter.training_info, indent=2) + "\n")
             (folder / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+            log = Path(self.args.output_dir) / LOG_FILE
+            if log.exists() and plot_training_curves(read_log(log), folder / CURVES_FILE):
+                logger.info(f"Learning curves: {Path(self.args.output_dir) / CURVES_FILE}")
 
         write_folder_atomically(Path(self.args.output_dir), write)
         if self.args.push_to_hub:
