@@ -39,3 +39,37 @@ def test_cli_verbose_reaches_our_loggers():
     assert logging.getLogger("hf_dflash.training").getEffectiveLevel() == logging.INFO
     configure_logging(verbose=False)
     assert logging.getLogger("hf_dflash.training").getEffectiveLevel() == logging.WARNING
+
+
+def _bench_batch_sizes(tiny_folder, tmp_path, sizes: str) -> list[str]:
+    return ["bench", "--target", str(tiny_folder / "target"), "--drafter", str(tiny_folder / "drafter"),
+            "--datasets", "humaneval,gsm8k,mtbench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", sizes,
+            "--json", str(tmp_path / "batch.json"), "--markdown", str(tmp_path / "batch.md")]
+
+
+def test_bench_batch_sizes_command(tiny_folder, fake_eval_wheels, tmp_path, capsys):
+    """`hf-dflash bench --batch-sizes 1,3`: plain vs DFlash throughput per batch size, outputs checked identical."""
+    assert cli.main(_bench_batch_sizes(tiny_folder, tmp_path, "1,3")) == 0
+    rows = json.loads((tmp_path / "batch.json").read_text())
+    assert [r["batch_size"] for r in rows] == [1, 3]
+    for row in rows:
+        assert row["identical"] is True and row["new_tokens"] == 8 * row["batch_size"]
+        assert row["plain_tokens_per_s"] > 0 and row["dflash_tokens_per_s"] > 0 and row["tau"] >= 1.0
+    table = (tmp_path / "batch.md").read_text()
+    assert "| 1 |" in table and "| 3 |" in table and table in capsys.readouterr().out
+
+
+def test_bench_batch_sizes_reports_differing_outputs_and_bad_sizes(tiny_folder, fake_eval_wheels, tmp_path,
+                                                                  monkeypatch, capsys):
+    import hf_dflash.generation_dflash as generation
+
+    def accept_every_draft(drafts, target_scores):  # a lossy verifier: the bench must notice
+        return drafts.new_full((drafts.shape[0],), drafts.shape[1]), target_scores.argmax(-1)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(generation, "greedy_accept", accept_every_draft)
+        assert cli.main(_bench_batch_sizes(tiny_folder, tmp_path, "2")) == 1
+    assert json.loads((tmp_path / "batch.json").read_text())[0]["identical"] is False
+    capsys.readouterr()
+    assert cli.main(_bench_batch_sizes(tiny_folder, tmp_path, "1,9")) == 2  # 4 prompts in the pool
+    assert "batch size 9 needs 9 prompts" in capsys.readouterr().err
