@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationMixin
+from transformers import cache_utils
 from transformers.cache_utils import DynamicCache
 from transformers.generation import logits_process as lp
 from transformers.generation.candidate_generator import CandidateGenerator
@@ -38,6 +39,14 @@ from transformers.utils import logging
 
 
 logger = logging.get_logger(__name__)
+
+# Cache layers of hybrid targets (transformers 5.24): recurrent / convolution states that a verify forward advances
+# through every draft. Older transformers have no such layers (isinstance against () is always False).
+LINEAR_ATTENTION_LAYERS = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
+SLIDING_WINDOW_LAYERS = tuple(
+    getattr(cache_utils, name) for name in ("DynamicSlidingWindowLayer", "StaticSlidingWindowLayer")
+    if hasattr(cache_utils, name)
+)
 
 # Processors that treat every row of scores alike whatever the token history: applied to all block positions at once.
 POSITION_INDEPENDENT_PROCESSORS = (
@@ -148,6 +157,7 @@ def check_drafter_matches_target(target, drafter) -> None:
 def check_generate_call(target, drafter, args: tuple, kwargs: dict) -> None:
     """Validate a ``generate(assistant_model=drafter, ...)`` call before any work is done."""
     check_drafter_matches_target(target, drafter)
+    check_target_rewindable(target)
     base_config = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
     generation_config, _ = target._prepare_generation_config(base_config, **{
         k: v for k, v in kwargs.items() if k != "generation_config"
@@ -187,6 +197,23 @@ def check_generate_call(target, drafter, args: tuple, kwargs: dict) -> None:
         raise ValueError(
             "The attention_mask masks tokens after real ones (right padding). A DFlash drafter needs left padding "
             "only: tokenize with padding_side='left'."
+        )
+
+
+def check_target_rewindable(target) -> None:
+    """A stateful target must keep its recurrent state in transformers' linear-attention cache layers, which the loop
+    can save and restore; a state kept elsewhere could not be rewound after a rejected draft."""
+    if not getattr(target, "_is_stateful", False):
+        return
+    try:
+        layers = DynamicCache(config=target.config).layers
+    except Exception:  # a cache transformers cannot build from this config
+        layers = []
+    if not any(isinstance(layer, LINEAR_ATTENTION_LAYERS) for layer in layers):
+        raise ValueError(
+            f"{type(target).__name__} keeps a recurrent state outside transformers' cache layers, so a DFlash drafter "
+            "cannot rewind it after a rejected draft. Generate without assistant_model for this model (or upgrade "
+            "transformers, where hybrid models keep their states in LinearAttention cache layers)."
         )
 
 
@@ -599,7 +626,7 @@ class _Rows:
             return False
         keep = torch.tensor(running, device=self.anchor_positions.device)
         for cache in caches:
-            cache.batch_select_indices(keep)
+            select_cache_rows(cache, keep)
         self.histories, self.ids = [self.histories[r] for r in running], [self.ids[r] for r in running]
         self.features, self.feature_positions = self.features[keep], self.feature_positions[keep]
         self.anchor_positions = self.anchor_positions[keep]
@@ -650,6 +677,60 @@ class _Rows:
         return self.histories[r][start:], stop is None
 
 
+def select_cache_rows(cache, rows: torch.Tensor) -> None:
+    """Keep only batch `rows` of every layer of `cache`, linear-attention (recurrent / conv) states included."""
+    for layer in getattr(cache, "layers", None) or [cache]:
+        if isinstance(layer, LINEAR_ATTENTION_LAYERS):
+            LINEAR_ATTENTION_LAYERS.reorder_cache(layer, rows)  # index_select of its states over the batch
+        if not isinstance(layer, LINEAR_ATTENTION_LAYERS) or hasattr(layer, "keys"):  # attention K/V (hybrid too)
+            layer.batch_select_indices(rows)
+
+
+def cache_slots(cache) -> int | None:
+    """Slots the target's cache holds (None for a cache of recurrent layers only, which has no slots: the loop needs
+    the count only to lay out padding masks, and such a target is run with none in the middle)."""
+    if any(not isinstance(layer, LINEAR_ATTENTION_LAYERS) or hasattr(layer, "keys")
+           for layer in getattr(cache, "layers", [cache])):
+        return cache.get_seq_length()
+    return None
+
+
+def has_sliding_window(cache) -> bool:
+    """Whether some layer of the target's cache keeps only a window of recent tokens (Mistral, Gemma, gpt-oss...)."""
+    return any(isinstance(layer, SLIDING_WINDOW_LAYERS) for layer in getattr(cache, "layers", ()))
+
+
+class RecurrentStates:
+    """The recurrent states of a hybrid target's cache (Qwen3.5 / Qwen3-Next Gated DeltaNet, Mamba layers of
+    Falcon-H1 or GraniteMoeHybrid...), saved before each verify forward.
+
+    K/V and convolution states can be cropped back to the accepted prefix; a recurrent state cannot: the verify
+    forward folded every draft into it. After a partial acceptance the loop restores the saved states, crops the
+    rest of the cache to before the verify block, and re-advances the target through the committed tokens only
+    (one extra target forward over accepted + 1 tokens; none when every draft was accepted).
+
+    Example:
+        >>> bool(RecurrentStates(DynamicCache()))  # a plain attention cache holds no recurrent state
+        False
+    """
+
+    def __init__(self, cache):
+        self.layers = [layer for layer in getattr(cache, "layers", ()) if isinstance(layer, LINEAR_ATTENTION_LAYERS)]
+        self.saved: list[dict] = []
+
+    def __bool__(self) -> bool:
+        return any(any(layer.is_recurrent_states_initialized.values()) for layer in self.layers)
+
+    def save(self) -> None:
+        self.saved = [{i: state.clone() for i, state in layer.recurrent_states.items() if state is not None}
+                      for layer in self.layers]
+
+    def restore(self) -> None:
+        for layer, saved in zip(self.layers, self.saved):
+            for i, state in saved.items():
+                layer.recurrent_states[i].copy_(state)  # in place: the cache keeps its tensors' addresses
+
+
 def _accept(drafts, draft_scores, scores, do_sample: bool):
     """Step 4 for drafts [b, k] and target `scores` [b, k + 1, V]: (accepted drafts [b], tokens [b, k + 1])."""
     if do_sample and drafts.shape[1] > 0:
@@ -664,7 +745,7 @@ def _empty_target_cache(target, model_kwargs):
     cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # `cache` from transformers 5.24 on
     if cache is None:
         cache = DynamicCache(config=target.config)
-    if cache.get_seq_length() > 0:
+    if cache_slots(cache) or RecurrentStates(cache):
         raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
@@ -716,6 +797,7 @@ def dflash_decoding(
         streamer.put(tokens[0].cpu())
     stats.prefill_seconds = time.perf_counter() - start_time
     running = rows.start(tokens, target_features(outputs.hidden_states, layer_ids), processed, stopping_criteria)
+    recurrent, sliding = RecurrentStates(cache), has_sliding_window(cache)
 
     while rows.retire(running, cache, generator.cache):
         # 2. draft: candidates [anchor, drafts] per row from one drafter forward (just the anchor at max_length - 1)
@@ -727,11 +809,14 @@ def dflash_decoding(
         drafts = candidates[:, 1:]
         stats.draft_seconds += time.perf_counter() - tic
 
-        # 3. verify the candidates in one target forward (padded to a GEMM-friendly row count on CPU)
+        # 3. verify the candidates in one target forward (padded to a GEMM-friendly row count on CPU; not for
+        # recurrent targets, where padding would cost a re-advance)
         tic = time.perf_counter()
-        width = gemm_friendly_rows(candidates.shape[1], input_ids.device, len(rows))
+        width = candidates.shape[1] if recurrent else gemm_friendly_rows(candidates.shape[1], input_ids.device, len(rows))
         verify_ids, positions, mask = rows.verify_inputs(candidates, width)
-        cached = cache.get_seq_length()
+        cached = cache_slots(cache)
+        if recurrent:
+            recurrent.save()
         outputs = target(
             input_ids=verify_ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **forward_kwargs
         )
@@ -740,14 +825,30 @@ def dflash_decoding(
 
         # 4. accept drafts as the target would have chosen them, then the target's own next token
         accepted, tokens = _accept(drafts, draft_scores, processed, do_sample)
+        if len(rows) > 1 and (recurrent.layers or sliding):
+            # Every row commits the batch's shortest acceptance: a recurrent or convolution state cannot skip a
+            # rejected slot, and a masked slot would take a place in a sliding window that plain decoding gives a real
+            # token. Each row's first shortest-acceptance + 1 tokens are target tokens (accepted drafts), so this
+            # stays exact.
+            accepted = accepted.clamp(max=int(accepted.min()))
         stats.verify_seconds += time.perf_counter() - tic
         stats._add_verification(rows.ids, accepted)
         generator.update_candidate_strategy(candidates, processed, accepted)
 
         # 5. commit, stopping exactly where plain generate would
         features = target_features(outputs.hidden_states, layer_ids)
+        keep = int(accepted.max()) + 1
+        if recurrent and keep < width:  # the recurrent states read rejected drafts: rewind and re-advance
+            cache.crop(-width)
+            recurrent.restore()
+            outputs = target(
+                input_ids=verify_ids[:, :keep], attention_mask=None if mask is None else mask[:, : mask.shape[1] - width + keep],
+                position_ids=positions[:, :keep], logits_to_keep=1, **forward_kwargs,
+            )
+            features = target_features(outputs.hidden_states, layer_ids)
+            width = keep
         running, committed = rows.commit(
-            accepted, tokens, processed, features, positions, cache, cached, stopping_criteria
+            accepted, tokens, processed, features, positions[:, :width], cache, cached, stopping_criteria
         )
         if len(committed) == 1:
             recorder.add(outputs, raw, processed, len(committed[0]), prefill=False, kv_length=cached)
@@ -806,11 +907,26 @@ def _routes(original):
             return original(self, *args, **kwargs)
         if name == "generate":
             check_generate_call(self, drafter, args, kwargs)
-            return original(self, *args, **kwargs)
+            with _rewindable_target(self):
+                return original(self, *args, **kwargs)
         return dflash_decoding(self, *args, **kwargs)
 
     wrapper._hf_dflash_original = original
     return wrapper
+
+
+@contextlib.contextmanager
+def _rewindable_target(target):
+    """transformers refuses assisted generation for stateful (recurrent) targets because its loop cannot bring their
+    state back to the accepted prefix; ours does (:class:`RecurrentStates`), so the refusal is lifted for the call."""
+    if not getattr(target, "_is_stateful", False):
+        yield
+        return
+    target._is_stateful = False
+    try:
+        yield
+    finally:
+        del target._is_stateful
 
 
 _ROUTED_METHODS = ("generate", "_assisted_decoding")

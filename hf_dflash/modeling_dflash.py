@@ -290,17 +290,16 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         if mask_token_id is None:
             mask_token_id = embedding_rows - 1
             logger.info(f"Using token id {mask_token_id} (last embedding row) as the DFlash mask token.")
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        rope = dict(getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+        heads = _target_attribute(text, "num_attention_heads")
         fields = dict(
             hidden_size=text.hidden_size,
-            intermediate_size=text.intermediate_size,
-            num_attention_heads=text.num_attention_heads,
-            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-            head_dim=head_dim,
-            hidden_act=getattr(text, "hidden_act", "silu"),
-            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-            rope_parameters=rope,
+            intermediate_size=_target_attribute(text, "intermediate_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=_target_attribute(text, "num_key_value_heads") or heads,
+            head_dim=_target_attribute(text, "head_dim") or text.hidden_size // heads,
+            hidden_act=getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu",
+            rms_norm_eps=getattr(text, "rms_norm_eps", None) or 1e-6,
+            rope_parameters=drafter_rope_parameters(text),
             max_position_embeddings=text.max_position_embeddings,
             vocab_size=text.vocab_size,
             bos_token_id=text.bos_token_id,
@@ -407,6 +406,32 @@ def expand_padding_mask(attention_mask, q_len: int):
     if bool(attention_mask.all()):
         return None
     return attention_mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
+
+
+# RoPE types the drafter's rotary embedding (and the readers of the z-lab layout) take from a target as they are.
+PORTABLE_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+
+
+def drafter_rope_parameters(text_config) -> dict:
+    """The target's RoPE for the drafter: per-layer-type parameters (Gemma 3/4, gpt-oss style
+    ``{"full_attention": {...}, "sliding_attention": {...}}``) give the full-attention entry, since drafter layers
+    read the whole context; a RoPE type of one architecture only (e.g. Gemma 4's "proportional") keeps its theta
+    with the default rotation."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    if "rope_type" not in rope and rope and all(isinstance(v, dict) for v in rope.values()):
+        rope = dict(rope.get("full_attention") or next(iter(rope.values())))
+    if rope.get("rope_type", "default") not in PORTABLE_ROPE_TYPES:
+        rope = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
+    return rope
+
+
+def _target_attribute(text_config, name: str):
+    """A config attribute that some architectures define per layer (Gemma 4: `head_dim` of sliding vs full layers):
+    the global value, else the first layer's."""
+    try:
+        return getattr(text_config, name, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return getattr(text_config.per_layer_config[0], name, None)
 
 
 def _local_or_cached_config(name_or_path, kwargs) -> str | None:

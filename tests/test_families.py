@@ -1,0 +1,214 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Every target family with published DFlash drafters (and more), as tiny random configs: greedy batch 1, a
+left-padded batch with rows of different lengths and acceptances, sampling, a prompt longer than a small sliding
+window and generation across it, EOS inside a block. README's support matrix is this file's FAMILIES.
+
+Hybrid families (Qwen3.5, Qwen3-Next, Falcon-H1, GraniteMoeHybrid) keep recurrent states that a verify forward
+advances through every draft; sliding-window families (Mistral, Gemma 2/3/4, gpt-oss, Qwen2 with
+use_sliding_window) keep only a window of cache slots. Scripted drafters accept some drafts and reject others, so
+every cycle kind (full acceptance, partial acceptance with a rewind, rejection) runs.
+"""
+
+import functools
+import random
+
+import pytest
+import torch
+import transformers as T
+from conftest import plain_generate
+
+import hf_dflash
+from hf_dflash.generation_dflash import DFlashCandidateGenerator
+
+
+VOCAB, WINDOW = 96, 8
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+              pad_token_id=None, tie_word_embeddings=False)
+HYBRID = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+LINEAR_HEADS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8)
+
+# family -> (model class, config class, config fields); what README's support matrix lists
+FAMILIES = {
+    "llama": (T.LlamaForCausalLM, T.LlamaConfig, {}),
+    "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config, {}),
+    "qwen2 (use_sliding_window)": (T.Qwen2ForCausalLM, T.Qwen2Config,
+                                   dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
+    "qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config, {}),
+    "qwen3 (use_sliding_window)": (T.Qwen3ForCausalLM, T.Qwen3Config,
+                                   dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
+    "qwen3_moe": (T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig, dict(num_experts=4, num_experts_per_tok=2,
+                                                                 moe_intermediate_size=32)),
+    "qwen3_5": (T.Qwen3_5ForCausalLM, T.Qwen3_5TextConfig, dict(layer_types=HYBRID, **LINEAR_HEADS)),
+    "qwen3_5_moe": (T.Qwen3_5MoeForCausalLM, T.Qwen3_5MoeTextConfig,
+                    dict(layer_types=HYBRID, **LINEAR_HEADS, **MOE, shared_expert_intermediate_size=32)),
+    "qwen3_next": (T.Qwen3NextForCausalLM, T.Qwen3NextConfig,
+                   dict(layer_types=HYBRID, **LINEAR_HEADS, **MOE, shared_expert_intermediate_size=32)),
+    "mistral": (T.MistralForCausalLM, T.MistralConfig, dict(sliding_window=WINDOW)),
+    "gemma": (T.GemmaForCausalLM, T.GemmaConfig, {}),
+    "gemma2": (T.Gemma2ForCausalLM, T.Gemma2Config, dict(sliding_window=WINDOW, final_logit_softcapping=30.0)),
+    "gemma3": (T.Gemma3ForCausalLM, T.Gemma3TextConfig,
+               dict(sliding_window=WINDOW, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                    final_logit_softcapping=30.0)),
+    "gemma4": (T.Gemma4ForCausalLM, T.Gemma4TextConfig, dict(sliding_window=WINDOW)),
+    "gpt_oss": (T.GptOssForCausalLM, T.GptOssConfig, dict(sliding_window=WINDOW, num_local_experts=4,
+                                                          num_experts_per_tok=2)),
+    "phi3": (T.Phi3ForCausalLM, T.Phi3Config, {}),
+    "olmo2": (T.Olmo2ForCausalLM, T.Olmo2Config, {}),
+    "glm4_moe": (T.Glm4MoeForCausalLM, T.Glm4MoeConfig, dict(n_routed_experts=4, num_experts_per_tok=2,
+                                                             moe_intermediate_size=32, first_k_dense_replace=1)),
+    "deepseek_v3": (T.DeepseekV3ForCausalLM, T.DeepseekV3Config,
+                    dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                         q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                         n_group=1, topk_group=1, head_dim=8, num_key_value_heads=4)),
+    "minimax_m2": (T.MiniMaxM2ForCausalLM, T.MiniMaxM2Config, dict(num_local_experts=4, num_experts_per_tok=2)),
+    "seed_oss": (T.SeedOssForCausalLM, T.SeedOssConfig, {}),
+    "falcon_h1": (T.FalconH1ForCausalLM, T.FalconH1Config, dict(mamba_d_ssm=128, mamba_chunk_size=16, **MAMBA)),
+    "granitemoehybrid": (T.GraniteMoeHybridForCausalLM, T.GraniteMoeHybridConfig,
+                         dict(layer_types=["linear_attention", "attention"] * 2, num_local_experts=2,
+                              num_experts_per_tok=1, **MAMBA)),
+    "lfm2": (T.Lfm2ForCausalLM, T.Lfm2Config, dict(layer_types=["conv", "full_attention"] * 2)),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def family_target(family: str):
+    model_class, config_class, fields = FAMILIES[family]
+    torch.manual_seed(0)
+    model = model_class(config_class(**{**COMMON, **fields})).float().eval()
+    model.requires_grad_(False)
+    return model
+
+
+def family_drafter(target):
+    torch.manual_seed(1)
+    return hf_dflash.DFlashDraftModel.from_target(target, num_hidden_layers=1, block_size=6).eval()
+
+
+def prompt(length: int, seed: int) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def left_padded(*prompts) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - p.shape[1] :], mask[row, width - p.shape[1] :] = p[0], 1
+    return ids, mask
+
+
+class ScriptedRows:
+    """Inside the block every DFlash drafter proposes, for each row, the reference continuation of that row (its new
+    tokens in a plain run). With `corrupt`, row r's c-th proposal has one wrong token, at draft index (c + r) % 4
+    (the first draft: nothing accepted; later: a partial acceptance), except when (c + r) % 3 == 2: all right (a
+    full acceptance). Draft scores are a point mass on the proposal, so q stays exact for sampling too."""
+
+    def __init__(self, reference: torch.Tensor, prompt_length: int, corrupt: bool = True):
+        self.continuations = [row[prompt_length:].tolist() for row in reference]
+        self.prompt_length, self.corrupt = prompt_length, corrupt
+        self.proposals = [0] * len(self.continuations)
+        self.original = DFlashCandidateGenerator.propose
+
+    def __enter__(self):
+        scripted = self
+
+        def propose(generator, histories, context, context_positions, anchor_positions, slot_mask=None,
+                    num_drafts=None):
+            drafts, scores = scripted.original(generator, histories, context, context_positions, anchor_positions,
+                                               slot_mask, num_drafts)
+            drafts = drafts.clone()
+            for r, history in enumerate(histories):
+                done = history[scripted.prompt_length :].tolist()
+                row = next((i for i, c in enumerate(scripted.continuations) if c[: len(done)] == done), None)
+                assert row is not None, "this row already differs from its plain generate() continuation"
+                continuation, count = scripted.continuations[row], scripted.proposals[row]
+                for j in range(drafts.shape[1]):
+                    if len(done) + j < len(continuation):
+                        drafts[r, j] = continuation[len(done) + j]
+                wrong = (count + row) % 4  # rows differ: in a batch they accept different numbers of drafts
+                if scripted.corrupt and (count + row) % 3 != 2 and wrong < drafts.shape[1]:
+                    drafts[r, wrong] = (int(drafts[r, wrong]) + 1) % VOCAB
+                scripted.proposals[row] += 1
+            point_mass = torch.full_like(scores, float("-inf"))
+            point_mass.scatter_(2, drafts[..., None], 0.0)
+            return drafts, point_mass
+
+        DFlashCandidateGenerator.propose = propose
+        return self
+
+    def __exit__(self, *exc):
+        DFlashCandidateGenerator.propose = self.original
+
+
+def recurrent_states(output) -> list[torch.Tensor]:
+    """The recurrent / convolution states of the cache a generate() call returned (none for attention-only caches)."""
+    cache = getattr(output, "cache", None) or output.past_key_values
+    states = []
+    for layer in cache.layers:
+        for kind in ("recurrent_states", "conv_states"):
+            states += [s[..., -4:] if kind == "conv_states" else s for s in getattr(layer, kind, {}).values()
+                       if s is not None]
+    return states
+
+
+NEW = 24  # new tokens: with 12-token prompts, generation crosses the 8-token window
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_is_lossless(family):
+    """Per family: greedy batch 1 (drafts accepted fully, partly and not at all), a left-padded batch of two rows of
+    different lengths and acceptances (each row also equal to its prompt generated alone), sampling whose target law
+    is a point mass (top_k=1: the sampler, its residuals and rewinds must give greedy), and EOS inside a block. The
+    12-token prompts are longer than the 8-token sliding window of the windowed families."""
+    target = family_target(family)
+    drafter = family_drafter(target)
+
+    ids = prompt(12, seed=1)
+    dict_output = dict(return_dict_in_generate=True, output_logits=True)
+    expected = plain_generate(target, ids, max_new_tokens=NEW, **dict_output)
+    with ScriptedRows(expected.sequences, ids.shape[1], corrupt=True):
+        got = target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=False, **dict_output)
+    assert got.sequences.tolist() == expected.sequences.tolist(), "greedy, batch 1"
+    # the logits too: a tiny random target may keep its argmax under a slightly wrong state (e.g. a recurrent state
+    # that also read rejected drafts), its logits do not
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), rtol=1e-5, atol=1e-5)
+    # and the recurrent states the target ends with (they hold the same tokens: all but the last)
+    for ours, plain in zip(recurrent_states(got), recurrent_states(expected)):
+        torch.testing.assert_close(ours, plain, rtol=1e-4, atol=1e-7)
+    lengths = drafter.last_stats.acceptance_lengths
+    assert 1 in lengths and 6 in lengths and len(set(lengths)) > 2, lengths  # rejected, full and partial cycles
+
+    batch, mask = left_padded(prompt(12, seed=2), prompt(7, seed=3))
+    expected = plain_generate(target, batch, attention_mask=mask, max_new_tokens=NEW, pad_token_id=0)
+    with ScriptedRows(expected, batch.shape[1], corrupt=True):
+        got = target.generate(batch, attention_mask=mask, assistant_model=drafter, max_new_tokens=NEW,
+                              do_sample=False, pad_token_id=0)
+        sampled = target.generate(batch, attention_mask=mask, assistant_model=drafter, max_new_tokens=NEW,
+                                  do_sample=True, top_k=1, pad_token_id=0)
+    assert got.tolist() == expected.tolist(), "greedy, left-padded batch"
+    assert sampled.tolist() == expected.tolist(), "sampling (point-mass law), left-padded batch"
+    alone = plain_generate(target, batch[1:, batch.shape[1] - 7 :], max_new_tokens=NEW)
+    assert got[1, batch.shape[1] :].tolist() == alone[0, 7:].tolist(), "a padded row equals its prompt alone"
+
+    free = plain_generate(target, ids, max_new_tokens=NEW)[0, 12:].tolist()
+    eos = next((t for i, t in enumerate(free) if i >= 3 and t not in free[:i]), free[1])  # first emitted mid-way
+    expected = plain_generate(target, ids, max_new_tokens=NEW, eos_token_id=eos)
+    with ScriptedRows(torch.tensor([ids[0].tolist() + free]), 12, corrupt=False):
+        got = target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
+    assert got.tolist() == expected.tolist() and got[0, -1] == eos, "EOS inside a block"
+
+
+def test_sliding_window_batch_regression_mistral():
+    """The bug this file was written for: in a left-padded batch a row's rejected drafts stayed in the cache as
+    masked slots, so a window of W slots held fewer than W real tokens and both rows drifted from plain decoding."""
+    target = family_target("mistral")
+    drafter = family_drafter(target)
+    ids, mask = left_padded(prompt(14, seed=7), prompt(10, seed=8))
+    expected = plain_generate(target, ids, attention_mask=mask, max_new_tokens=24, pad_token_id=0)
+    with ScriptedRows(expected, ids.shape[1], corrupt=True):  # rows accept different numbers of drafts
+        got = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=24, do_sample=False,
+                              pad_token_id=0)
+    assert got.tolist() == expected.tolist()
