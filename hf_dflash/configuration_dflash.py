@@ -48,6 +48,9 @@ class DFlashConfig(Qwen3Config):
             DFlare: per-layer softmax mixing of the target features instead of one `fc` projection.
         split_context_kv (`bool`, defaults to False):
             DFlare: separate `k_proj_target` / `v_proj_target` for the context tokens.
+        layer_types (`list[str]`, *optional*) and sliding_window (`int`, *optional*):
+            ``"sliding_attention"`` layers attend only to keys within ``sliding_window`` positions of each query
+            (context and block alike), in inference and in training.
 
     Example:
         >>> from hf_dflash import DFlashConfig
@@ -88,7 +91,12 @@ class DFlashConfig(Qwen3Config):
         self.split_context_kv = is_dflare if split_context_kv is None else bool(split_context_kv)
         self.extra_dflash_config = nested  # unknown nested keys survive a round trip
         kwargs.setdefault("architectures", architectures)
+        window = kwargs.get("sliding_window")
         super().__init__(**kwargs)
+        if window is not None and "sliding_attention" in (self.layer_types or ()):
+            # Newer drafters (Qwen3.5/3.6, gemma-4) mark their windowed layers in `layer_types` alone; Qwen3Config
+            # would drop the window unless `use_sliding_window` is set.
+            self.sliding_window = window
 
     @property
     def is_dflare(self) -> bool:

@@ -402,7 +402,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         most = self.block_size - 1
         self.num_assistant_tokens = min(most, generation_config.num_assistant_tokens or most)
         self.adaptive = generation_config.num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
-        self.cache = DynamicCache(config=drafter.config)
+        # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
+        self.cache = DynamicCache()
         self.cache_keyword = cache_argument(drafter)
         mask_ids = torch.full((1, most), drafter.config.mask_token_id)
         self.mask_embeds = self._embed(mask_ids)

@@ -224,7 +224,9 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 positions after what `past_key_values` holds.
             attention_mask (*optional*):
                 None (block sees everything: inference), a 2D padding mask over `[cached + n_ctx + q_len]` keys, or
-                a ready 4D boolean mask / flex-attention `BlockMask` (training: block-causal masks).
+                a ready 4D boolean mask / flex-attention `BlockMask` (training: block-causal masks), or a dict of
+                those by layer type (`"full_attention"`, `"sliding_attention"`). From None or a 2D mask, the
+                `sliding_attention` layers get a window mask over the keys' positions (real keys counted in order).
             past_key_values (`Cache`, *optional*):
                 Cache of context K/V; the block's K/V are appended too, and the caller crops them afterwards.
             cache (`Cache`, *optional*):
@@ -242,21 +244,34 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             context_hidden_states = context_hidden_states.to(noise_embeds.dtype)
         contexts = self.project_context(context_hidden_states)
         position_embeddings = self.rotary_emb(noise_embeds, position_ids)
-        attention_mask = expand_padding_mask(attention_mask, q_len)
+        masks = self.layer_masks(attention_mask, batch, q_len, past_len + n_ctx + q_len, noise_embeds.device)
 
         hidden_states = noise_embeds
-        for layer, context in zip(self.layers, contexts):
+        for layer, context, mask in zip(self.layers, contexts, masks):
             if self.gradient_checkpointing and self.training:
                 hidden_states = self._gradient_checkpointing_func(
-                    layer.__call__, hidden_states, context, position_embeddings, attention_mask, None
+                    layer.__call__, hidden_states, context, position_embeddings, mask, None
                 )
             else:
-                hidden_states = layer(
-                    hidden_states, context, position_embeddings, attention_mask, past_key_values, **kwargs
-                )
+                hidden_states = layer(hidden_states, context, position_embeddings, mask, past_key_values, **kwargs)
         return BaseModelOutputWithPast(
             last_hidden_state=self.norm(hidden_states), **{_OUTPUT_CACHE_FIELD: past_key_values}
         )
+
+    def layer_masks(self, attention_mask, batch: int, q_len: int, kv_len: int, device) -> list:
+        """The attention mask of each layer: its layer type's entry of a dict, else the padding mask (None: no
+        mask) for full-attention layers and the window mask for sliding-attention layers."""
+        layer_types = self.config.layer_types or ["full_attention"] * len(self.layers)
+        if isinstance(attention_mask, dict):
+            return [attention_mask[kind] for kind in layer_types]
+        full = expand_padding_mask(attention_mask, q_len)
+        if "sliding_attention" not in layer_types:
+            return [full] * len(self.layers)
+        if attention_mask is not None and not (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2):
+            raise ValueError("A drafter with sliding_attention layers takes a 2D padding mask or a dict of masks by "
+                             f"layer type; got {type(attention_mask).__name__}.")
+        window = sliding_window_mask(attention_mask, batch, q_len, kv_len, self.config.sliding_window, device)
+        return [window if kind == "sliding_attention" else full for kind in layer_types]
 
     # ----------------------------------------------------------------------------------------------------------------
     # construction, loading, saving
@@ -397,6 +412,25 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 revision=revision,
                 create_pr=create_pr,
             )
+
+
+def sliding_window_mask(padding_mask, batch: int, q_len: int, kv_len: int, window: int, device) -> torch.Tensor:
+    """Boolean [b, 1, q_len, kv_len]: real keys whose position is within `window` of the query's (q - k < window).
+
+    Positions count the real keys in order (the queries are the last `q_len` keys), so left padding and masked
+    slots do not take window places.
+
+    Example:
+        >>> sliding_window_mask(None, 1, q_len=2, kv_len=5, window=3, device="cpu").int()[0, 0]
+        tensor([[0, 1, 1, 1, 1],
+                [0, 0, 1, 1, 1]], dtype=torch.int32)
+    """
+    if window is None:
+        raise ValueError("The drafter config has sliding_attention layers but no sliding_window: set sliding_window.")
+    real = torch.ones(batch, kv_len, dtype=torch.bool, device=device) if padding_mask is None else padding_mask.bool()
+    positions = real.long().cumsum(-1) - 1
+    near = positions[:, None, :] > positions[:, -q_len:, None] - window
+    return (near & real[:, None, :])[:, None]
 
 
 def expand_padding_mask(attention_mask, q_len: int):

@@ -212,3 +212,101 @@ def test_sliding_window_batch_regression_mistral():
         got = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=24, do_sample=False,
                               pad_token_id=0)
     assert got.tolist() == expected.tolist()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# drafters with sliding-window layers (newer published drafters: Qwen3.5/3.6, gemma-4)
+def sliding_drafter(target, window: int = 4):
+    torch.manual_seed(1)
+    return hf_dflash.DFlashDraftModel.from_target(
+        target, num_hidden_layers=2, block_size=4, layer_types=["sliding_attention", "full_attention"],
+        sliding_window=window,
+    ).eval()
+
+
+def test_from_target_builds_sliding_window_layers_and_they_round_trip(tmp_path):
+    drafter = sliding_drafter(family_target("qwen3"))
+    assert drafter.config.layer_types == ["sliding_attention", "full_attention"] and drafter.config.sliding_window == 4
+    drafter.save_pretrained(tmp_path)
+    loaded = hf_dflash.DFlashDraftModel.from_pretrained(tmp_path)
+    assert loaded.config.layer_types == drafter.config.layer_types and loaded.config.sliding_window == 4
+
+
+def test_sliding_layers_ignore_context_beyond_their_window():
+    """Only the first (sliding) layer runs: the block's output must not change when context features further than
+    the window from every query change, and must change when a feature inside the window does."""
+    target = family_target("qwen3")
+    drafter = sliding_drafter(target, window=4)
+    drafter.layers = drafter.layers[:1]  # the sliding layer alone
+    width = len(drafter.config.target_layer_ids) * 64
+    context = torch.randn(1, 10, width, generator=torch.Generator().manual_seed(0))
+    block = target.get_input_embeddings()(torch.tensor([[5, 95, 95, 95]]))
+    positions = torch.arange(14)[None]  # context 0..9, block 10..13: the anchor at 10 sees keys 7..13
+
+    def run(features):
+        return drafter(noise_embeds=block, context_hidden_states=features, position_ids=positions).last_hidden_state
+
+    base = run(context)
+    far = context.clone()
+    far[:, :7] += 1.0  # positions 0..6: outside every query's window
+    torch.testing.assert_close(run(far), base)
+    near = context.clone()
+    near[:, 8] += 1.0
+    assert not torch.allclose(run(near), base)
+
+    # masked slots (left padding, rejected drafts) take no window place: two junk slots inserted before position 8
+    # leave the output as it is
+    junk = torch.randn(1, 2, width, generator=torch.Generator().manual_seed(1))
+    padded = torch.cat([context[:, :8], junk, context[:, 8:]], dim=1)
+    slots = torch.ones(1, 16, dtype=torch.bool)
+    slots[0, 8:10] = False
+    slot_positions = torch.cat([torch.arange(8), torch.tensor([7, 7]), torch.arange(8, 14)])[None]
+    out = drafter(noise_embeds=block, context_hidden_states=padded, position_ids=slot_positions,
+                  attention_mask=slots).last_hidden_state
+    torch.testing.assert_close(out, base)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_sliding_window_drafter_is_lossless_and_drafts_as_without_cache(family):
+    """In generate, the drafter reads its context from a cache across cycles (and left padding in a batch); its
+    window must cover the same positions as a fresh forward over the whole context would."""
+    target = family_target(family)
+    drafter = sliding_drafter(target, window=4)
+    batch, mask = left_padded(prompt(12, seed=9), prompt(7, seed=10))
+    expected = plain_generate(target, batch, attention_mask=mask, max_new_tokens=NEW, pad_token_id=0)
+    got = target.generate(batch, attention_mask=mask, assistant_model=drafter, max_new_tokens=NEW, do_sample=False,
+                          pad_token_id=0)
+    assert got.tolist() == expected.tolist()
+
+    ids = prompt(12, seed=9)
+    seen = []
+    original = DFlashCandidateGenerator.propose
+
+    def spy(generator, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
+        seen.append((histories[0].clone(), context_positions.clone()))
+        return original(generator, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
+
+    DFlashCandidateGenerator.propose = spy
+    try:
+        target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=False)
+    finally:
+        DFlashCandidateGenerator.propose = original
+    history = seen[-1][0]  # the last drafting call: its context is every committed token but the anchor
+    out = target(input_ids=history[None, :-1], output_hidden_states=True)
+    features = hf_dflash.generation_dflash.target_features(out.hidden_states, drafter.config.target_layer_ids)
+    anchor = len(history) - 1
+    block = target.get_input_embeddings()(
+        torch.tensor([[int(history[-1])] + [drafter.config.mask_token_id] * 3]))
+    fresh = drafter(noise_embeds=block, context_hidden_states=features, position_ids=torch.arange(anchor + 4)[None])
+    generator = DFlashCandidateGenerator(drafter, target, target.generation_config)
+    cached = generator.cache
+    first = target(input_ids=history[None, :-1], output_hidden_states=True)  # same features, fed in two parts
+    split = anchor - 3
+    part1 = hf_dflash.generation_dflash.target_features(first.hidden_states, drafter.config.target_layer_ids)
+    drafter(noise_embeds=block, context_hidden_states=part1[:, :split], position_ids=torch.arange(split + 4)[None],
+            past_key_values=cached)
+    cached.crop(-4)
+    incremental = drafter(noise_embeds=block, context_hidden_states=part1[:, split:],
+                          position_ids=torch.cat([torch.arange(split, anchor), torch.arange(anchor, anchor + 4)])[None],
+                          past_key_values=cached)
+    torch.testing.assert_close(incremental.last_hidden_state, fresh.last_hidden_state, rtol=1e-4, atol=1e-5)
