@@ -310,3 +310,59 @@ def test_sliding_window_drafter_is_lossless_and_drafts_as_without_cache(family):
                           position_ids=torch.cat([torch.arange(split, anchor), torch.arange(anchor, anchor + 4)])[None],
                           past_key_values=cached)
     torch.testing.assert_close(incremental.last_hidden_state, fresh.last_hidden_state, rtol=1e-4, atol=1e-5)
+
+
+def test_training_blocks_of_a_sliding_drafter_see_what_inference_sees():
+    """The one-forward training layout (all blocks of a sequence at once, block mask + window) gives each block what
+    a generation-time drafter call gives it: context before its anchor, within the window of sliding layers."""
+    from hf_dflash.training.features import context_features
+    from hf_dflash.training.loss import block_hidden_states
+    from hf_dflash.training.recipe import make_block_batch
+
+    target = family_target("qwen3")
+    drafter = sliding_drafter(target, window=5)
+    ids = prompt(24, seed=11)[0]
+    sample = {"index": 0, "input_ids": ids, "loss_mask": torch.arange(24) >= 6}
+    batch = make_block_batch([sample], [torch.tensor([6, 11, 17])], block_size=4,
+                             mask_token_id=drafter.config.mask_token_id, pad_token_id=0)
+    layer_ids = drafter.config.target_layer_ids
+    features = context_features(target, batch.input_ids, batch.attention_mask, layer_ids)
+    embed = target.get_input_embeddings()
+    with torch.no_grad():
+        hidden = block_hidden_states(drafter, embed, features, batch)
+        for j, anchor in enumerate([6, 11, 17]):
+            block = torch.tensor([[int(ids[anchor])] + [drafter.config.mask_token_id] * 3])
+            alone = drafter(noise_embeds=embed(block), context_hidden_states=features[:, :anchor],
+                            position_ids=torch.arange(anchor + 4)[None]).last_hidden_state
+            torch.testing.assert_close(hidden[0, j], alone[0], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3", "gpt_oss", "falcon_h1", "mistral"])
+def test_regenerate_and_train_on_family(family, tmp_path):
+    """`hf-dflash regenerate` and `train` run on hybrid, Gemma and sliding-window targets: the target regenerates
+    responses (batched, left-padded), a drafter trains on them and measures tau with real generate()."""
+    import json
+
+    from conftest import make_tokenizer
+
+    from hf_dflash.data import RegenerationArguments, regenerate
+    from hf_dflash.training import DFlashTrainer, DFlashTrainingArguments
+
+    target, tokenizer = family_target(family), make_tokenizer(VOCAB)
+    tokenizer.pad_token = "<unk>"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(f"t{(7 * i + j) % 90 + 2}" for j in range(5 + i % 4))})
+                               + "\n" for i in range(10)))
+    data = tmp_path / "train.jsonl"
+    counts = regenerate(RegenerationArguments(target=family, prompts=str(prompts), output=str(data),
+                                              max_new_tokens=24, batch_size=4, block_size=4), target, tokenizer)
+    assert counts["kept"] == 10
+    args = DFlashTrainingArguments(target=family, data=str(data), output_dir=str(tmp_path / "out"), num_layers=1,
+                                   block_size=4, epochs=1, num_anchors=8, batch_size=2, max_steps=3, eval_split=0.2,
+                                   num_eval_prompts=2, eval_max_new_tokens=8, save_every=0)
+    results = DFlashTrainer(args, target, tokenizer).train()
+    assert results["steps"] == 3 and results["tau"] >= 1.0
+    loaded = hf_dflash.DFlashDraftModel.from_pretrained(tmp_path / "out")
+    ids = prompt(9, seed=12)
+    assert (target.generate(ids, assistant_model=loaded, max_new_tokens=12, do_sample=False).tolist()
+            == plain_generate(target, ids, max_new_tokens=12).tolist())

@@ -222,7 +222,8 @@ def regenerate(args: RegenerationArguments, target=None, tokenizer=None) -> dict
     target.eval()
     record_regeneration_settings(args)  # only now: a target that fails to load leaves no files behind
     config = generation_config_for(args, target, tokenizer)
-    eos_ids = {int(t) for t in ([config.eos_token_id] if isinstance(config.eos_token_id, int) else config.eos_token_id)}
+    eos = config.eos_token_id
+    eos_ids = set() if eos is None else {int(t) for t in ([eos] if isinstance(eos, int) else eos)}  # none: never ends
 
     progress = tqdm(total=len(pending), desc="regenerate", unit="prompt")
     window = args.batch_size * 16  # tokenise and length-sort this many prompts at a time

@@ -16,13 +16,16 @@ import torch.nn.functional as F
 from .recipe import IGNORE_INDEX, BlockBatch
 
 
-def block_mask_mod(anchors: torch.Tensor, context_length: int, block_size: int) -> Callable:
+def block_mask_mod(anchors: torch.Tensor, context_length: int, block_size: int,
+                   sliding_window: int | None = None) -> Callable:
     """The training visibility rule as a flex-attention `mask_mod(b, h, q, kv) -> bool`.
 
     Keys are [context (target features of all S positions), blocks]. Query q belongs to block q // B: it sees
     context keys strictly before that block's anchor (at inference the anchor's own features are not computed yet)
-    and the keys of its own block (bidirectional), never other blocks. Works on scalars (flex) and on broadcast
-    index tensors (the dense mask), so both backends share one definition.
+    and the keys of its own block (bidirectional), never other blocks. With `sliding_window` W (the drafter's
+    sliding_attention layers), a query at position p = anchor + q % B sees only keys at positions > p - W, as at
+    inference. Works on scalars (flex) and on broadcast index tensors (the dense mask), so both backends share one
+    definition.
     """
 
     def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
@@ -30,12 +33,17 @@ def block_mask_mod(anchors: torch.Tensor, context_length: int, block_size: int) 
         in_context = kv_idx < context_length
         sees_context = in_context & (kv_idx < anchors[batch_idx, block])
         sees_own_block = ~in_context & ((kv_idx - context_length) // block_size == block)
+        if sliding_window is not None:
+            offset = q_idx % block_size
+            sees_context = sees_context & (kv_idx > anchors[batch_idx, block] + offset - sliding_window)
+            sees_own_block = sees_own_block & ((kv_idx - context_length) % block_size > offset - sliding_window)
         return sees_context | sees_own_block
 
     return mask_mod
 
 
-def dense_block_mask(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
+def dense_block_mask(anchors: torch.Tensor, context_length: int, block_size: int,
+                     sliding_window: int | None = None) -> torch.Tensor:
     """Boolean attention mask [b, 1, A*B, S + A*B] (True = attend) for sdpa / eager attention.
 
     Example:
@@ -48,16 +56,17 @@ def dense_block_mask(anchors: torch.Tensor, context_length: int, block_size: int
     q_idx = torch.arange(num_blocks * block_size, device=device)[None, :, None]
     kv_idx = torch.arange(context_length + num_blocks * block_size, device=device)[None, None, :]
     batch_idx = torch.arange(batch, device=device)[:, None, None]
-    return block_mask_mod(anchors, context_length, block_size)(batch_idx, None, q_idx, kv_idx)[:, None]
+    rule = block_mask_mod(anchors, context_length, block_size, sliding_window)
+    return rule(batch_idx, None, q_idx, kv_idx)[:, None]
 
 
-def flex_block_mask(anchors: torch.Tensor, context_length: int, block_size: int):
+def flex_block_mask(anchors: torch.Tensor, context_length: int, block_size: int, sliding_window: int | None = None):
     """The same rule as a flex-attention `BlockMask` (skips fully masked tiles: blocks x far-away context)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     batch, num_blocks = anchors.shape
     q_len = num_blocks * block_size
-    return create_block_mask(block_mask_mod(anchors, context_length, block_size), batch, None, q_len,
+    return create_block_mask(block_mask_mod(anchors, context_length, block_size, sliding_window), batch, None, q_len,
                              context_length + q_len, device=anchors.device)
 
 
@@ -134,15 +143,17 @@ def block_hidden_states(drafter, embed_tokens, features: torch.Tensor, batch: Bl
 
     Context = target features of all S positions (keys 0..S-1), queries = the blocks concatenated, positions =
     [0..S-1, anchor + 0..B-1 per block], and the block mask restricts each block to context before its anchor plus
-    itself. `drafter` may be wrapped (DDP); its config picks the attention kernel, `attn_implementation` only which
-    mask is built (a flex `BlockMask` or a dense boolean one).
+    itself (within the window, for sliding_attention layers). `drafter` may be wrapped (DDP); its config picks the
+    attention kernel, `attn_implementation` only which mask is built (a flex `BlockMask` or a dense boolean one).
     """
     block_size = batch.labels.shape[-1] + 1
     seq_len, (b, num_blocks) = batch.context_length, batch.anchors.shape
-    if attn_implementation == "flex_attention":
-        mask = flex_block_mask(batch.anchors, seq_len, block_size)
-    else:
-        mask = dense_block_mask(batch.anchors, seq_len, block_size)
+    build = flex_block_mask if attn_implementation == "flex_attention" else dense_block_mask
+    config = getattr(drafter, "module", drafter).config  # DDP wraps the drafter
+    mask = build(batch.anchors, seq_len, block_size)
+    if "sliding_attention" in (config.layer_types or ()):  # one mask per layer type, as at inference
+        mask = {"full_attention": mask,
+                "sliding_attention": build(batch.anchors, seq_len, block_size, config.sliding_window)}
     positions = torch.cat([torch.arange(seq_len, device=features.device).expand(b, -1), batch.block_positions], dim=1)
     hidden = drafter(
         noise_embeds=embed_tokens(batch.block_ids),
