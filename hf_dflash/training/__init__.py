@@ -20,7 +20,7 @@ loop, checkpoints, resume), :mod:`~hf_dflash.training.curves` (training_log.json
 Recipe options beyond the paper (issue 13; each off by default): distillation from the target's distribution
 (``distill_weight``, ``distill_top_k``), an acceptance-aware loss (``acceptance_loss_weight``), position weights
 that follow the measured acceptance (``position_weighting="acceptance"``), a training-time vocabulary
-(``train_vocab_size``) and initialisation from the target's last layers (``init_from_target``).
+(``train_vocab_size``, ``train_vocab_sampled``) and initialisation from the target's last layers (``init_from_target``).
 
 Example:
     >>> from hf_dflash.training import DFlashTrainingArguments, DFlashTrainer
@@ -57,8 +57,10 @@ from .recipe import (
     make_block_batch,
     position_weights,
     sample_anchors,
+    sampled_tokens,
     shard_batches,
     split_heldout,
+    training_vocabulary,
 )
 from .trainer import DFlashTrainer, initial_drafter_weights, initial_weights_from_target, train
 
@@ -93,9 +95,11 @@ __all__ = [
     "position_weights",
     "read_log",
     "sample_anchors",
+    "sampled_tokens",
     "shard_batches",
     "split_heldout",
     "target_outputs",
     "train",
+    "training_vocabulary",
     "validate_arguments",
 ]

@@ -128,6 +128,10 @@ class DFlashTrainingArguments:
     train_vocab_size: int = field(default=0, metadata={
         "help": "Training-time LM head restricted to the N most frequent response tokens of the training data plus "
                 "each batch's labels (cuts the head's cost; held-out metrics use the full head); 0 = full vocabulary."})
+    train_vocab_sampled: int = field(default=0, metadata={
+        "help": "With --train-vocab-size: also S tokens drawn each step from the rest of the vocabulary (sampled "
+                "softmax; their logits get + log((V - N) / S), so the rare tokens' mass is estimated and pushed "
+                "down too); 0 = none."})
     init_from_target: bool = field(default=False, metadata={
         "help": "Initialise the drafter layers and final norm from the target's last layers where names and shapes "
                 "match (instead of random)."})
@@ -176,13 +180,17 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
     for name in ("distill_weight", "acceptance_loss_weight"):
         if not 0 <= getattr(args, name) <= 1:
             raise ValueError(f"{name}={getattr(args, name)} must be in [0, 1] (a share of the loss).")
-    for name in ("distill_top_k", "train_vocab_size", "eval_every"):
+    for name in ("distill_top_k", "train_vocab_size", "train_vocab_sampled", "eval_every"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name}={getattr(args, name)} must be >= 0 (0 = off).")
     if args.position_weighting not in POSITION_WEIGHTINGS:
         raise ValueError(f"position_weighting={args.position_weighting!r}; choose one of {POSITION_WEIGHTINGS}.")
     if not 0 < args.position_weight_floor <= 1:
         raise ValueError(f"position_weight_floor={args.position_weight_floor} must be in (0, 1].")
+    if args.train_vocab_sampled and not args.train_vocab_size:
+        raise ValueError("--train-vocab-sampled samples the tokens outside --train-vocab-size: set that too.")
+    if args.distill_top_k and not args.distill_weight:
+        logger.warning("--distill-top-k has no effect without --distill-weight > 0.")
     if args.init_from_target and args.init_drafter:
         raise ValueError("--init-from-target and --init-drafter both set the drafter's initial weights: pass one.")
     if not Path(args.data).exists():

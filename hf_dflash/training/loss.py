@@ -176,12 +176,14 @@ def teacher_rows(teacher_hidden: torch.Tensor, batch: BlockBatch) -> torch.Tenso
 def block_diffusion_loss(drafter, embed_tokens, lm_head, features: torch.Tensor, batch: BlockBatch,
                          weights: torch.Tensor, attn_implementation: str = "sdpa", chunk_size: int = 4096,
                          objective: Objective | None = None, teacher_hidden: torch.Tensor | None = None,
-                         vocab_ids: torch.Tensor | None = None) -> BlockLossOutput:
+                         vocab_ids: torch.Tensor | None = None,
+                         vocab_offsets: torch.Tensor | None = None) -> BlockLossOutput:
     """The block loss of a batch, with the sums behind per-position accuracy and expected tau.
 
     Default: loss = sum(w_k * CE_k) / sum(w_k) over supervised labels. `objective` adds distillation (needs
     `teacher_hidden`, the target's final hidden states [b, S, H]) and the acceptance-aware term; `vocab_ids`
-    (sorted, containing every label) restricts the LM head to those rows. A block's expected acceptance length is
+    (sorted, containing every label) restricts the LM head to those rows, `vocab_offsets` (sampled negatives) is
+    added to their logits in the loss (not to the argmax). A block's expected acceptance length is
     1 + sum_k prod_{j<=k} correct_j (an unsupervised position ends it).
     """
     objective = objective or Objective()
@@ -199,7 +201,7 @@ def block_diffusion_loss(drafter, embed_tokens, lm_head, features: torch.Tensor,
         teacher = teacher_rows(teacher_hidden.to(hidden.device), batch)[supervised]
     weight = weights.to(hidden.device)[None, None, :].expand_as(batch.labels)[supervised]
     ce, kl, hits = chunked_token_losses(drafts[supervised], labels, lm_head, chunk_size, vocab_ids, teacher,
-                                        objective)
+                                        objective, vocab_offsets)
     weighted_ce = (ce * weight).sum()
     token_loss = ce if kl is None else (1 - objective.distill_weight) * ce + objective.distill_weight * kl
     loss = (token_loss * weight).sum() / weight.sum().clamp_min(1e-6)
@@ -238,15 +240,18 @@ def head_logits(lm_head, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = 
 
 def chunked_token_losses(hidden: torch.Tensor, labels: torch.Tensor, lm_head, chunk_size: int,
                          vocab_ids: torch.Tensor | None = None, teacher: torch.Tensor | None = None,
-                         objective: Objective | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                         objective: Objective | None = None, vocab_offsets: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Per row: (CE of the label, KL(target || drafter) or None, argmax == label), with LM-head logits materialised
     `chunk_size` rows at a time (recomputed in backward): 8K rows x a 150K vocabulary would otherwise hold gigabytes
-    of logits. `teacher` holds the target's final hidden states of the rows (distillation)."""
+    of logits. `teacher` holds the target's final hidden states of the rows (distillation); `vocab_offsets` are
+    added to the (restricted) logits of both before the softmax."""
     objective = objective or Objective()
+    offsets = None if vocab_offsets is None else vocab_offsets.to(hidden.device)
 
     def chunk(h, y, t):
         logits = head_logits(lm_head, h, vocab_ids)
-        log_q = F.log_softmax(logits, dim=-1)
+        log_q = F.log_softmax(logits if offsets is None else logits + offsets, dim=-1)
         ce = -log_q.gather(1, y[:, None])[:, 0]
         kl = None
         if t is not None:
@@ -254,6 +259,8 @@ def chunked_token_losses(hidden: torch.Tensor, labels: torch.Tensor, lm_head, ch
                 teacher_logits = head_logits(lm_head, t, vocab_ids)
                 if objective.logit_softcap:
                     teacher_logits = torch.tanh(teacher_logits / objective.logit_softcap) * objective.logit_softcap
+                if offsets is not None:
+                    teacher_logits = teacher_logits + offsets
                 if objective.distill_top_k:
                     top = teacher_logits.topk(min(objective.distill_top_k, teacher_logits.shape[-1]), dim=-1)
                     log_p, index = F.log_softmax(top.values, dim=-1), top.indices

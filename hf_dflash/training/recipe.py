@@ -130,6 +130,43 @@ def batch_vocabulary(frequent: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return torch.cat([frequent, present]).unique(sorted=True)
 
 
+def sampled_tokens(frequent: torch.Tensor, vocab_size: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """`count` token ids drawn uniformly without replacement from those NOT in `frequent` (sampled-softmax
+    negatives of --train-vocab-sampled), sorted.
+
+    Example:
+        >>> sampled_tokens(torch.tensor([0, 1, 2]), 6, 2, torch.Generator().manual_seed(0)).tolist()
+        [3, 5]
+    """
+    rest = torch.ones(vocab_size, dtype=torch.bool)
+    rest[frequent] = False
+    rest = rest.nonzero().flatten()
+    pick = torch.randperm(len(rest), generator=generator)[: min(count, len(rest))]
+    return rest[pick].sort().values
+
+
+def training_vocabulary(frequent: torch.Tensor, labels: torch.Tensor, sampled: torch.Tensor | None = None,
+                        vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(sorted token ids of the restricted LM head, logit offsets or None) for one batch: the frequent tokens and
+    every label exactly, plus `sampled` negatives, each standing for (V - N) / S tokens of the rest of the
+    vocabulary (offset log((V - N) / S); labels and frequent tokens get 0), so that the softmax normaliser
+    estimates the full vocabulary's.
+
+    Example:
+        >>> ids, offsets = training_vocabulary(torch.tensor([3, 8]), torch.tensor([[5, 8]]), torch.tensor([1, 5]), 10)
+        >>> ids.tolist(), [round(x, 3) for x in offsets.tolist()]
+        ([1, 3, 5, 8], [1.386, 0.0, 0.0, 0.0])
+    """
+    exact = batch_vocabulary(frequent, labels)
+    if sampled is None or not len(sampled):
+        return exact, None
+    sampled = sampled.to(exact.device)
+    ids = torch.cat([exact, sampled]).unique(sorted=True)
+    weight = (vocab_size - len(frequent)) / len(sampled)
+    offsets = torch.where(torch.isin(ids, exact), 0.0, math.log(max(weight, 1.0)))
+    return ids, offsets
+
+
 def stable_seed(*parts: int) -> int:
     """A seed that depends only on `parts` (not on Python's hash randomisation), for per-sample generators."""
     seed = 0x9E3779B1

@@ -47,7 +47,6 @@ from .loss import (
 from .recipe import (
     IGNORE_INDEX,
     BlockBatch,
-    batch_vocabulary,
     dynamic_position_weights,
     epoch_order,
     frequent_tokens,
@@ -56,9 +55,11 @@ from .recipe import (
     make_block_batch,
     position_weights,
     sample_anchors,
+    sampled_tokens,
     shard_batches,
     split_heldout,
     stable_seed,
+    training_vocabulary,
     update_reach_rates,
 )
 
@@ -259,18 +260,30 @@ class DFlashTrainer:
                     cache.put(index, final[row, :n], "final")
         return features.to(self.accelerator.device), None if final is None else final.to(self.accelerator.device)
 
-    def compute_loss(self, batch: BlockBatch, weights: torch.Tensor, training: bool = False) -> BlockLossOutput:
-        """The loss of a batch: the run's objective and training vocabulary when `training`, else (evaluation) the
-        plain weighted cross-entropy over the full LM head, as inference sees it."""
+    def compute_loss(self, batch: BlockBatch, weights: torch.Tensor, training: bool = False,
+                     negatives: torch.Tensor | None = None) -> BlockLossOutput:
+        """The loss of a batch: the run's objective and training vocabulary (with sampled `negatives`) when
+        `training`, else (evaluation) the plain weighted cross-entropy over the full LM head, as inference sees it."""
         objective = self.objective if training else Objective()
         features, final = self.features_for(batch, final_hidden=objective.distills)
         device = self.embed_tokens.weight.device
-        vocab = batch_vocabulary(self.train_vocab, batch.labels) if training and self.train_vocab is not None \
-            else None
+        vocab, offsets = None, None
+        if training and self.train_vocab is not None:
+            vocab, offsets = training_vocabulary(self.train_vocab, batch.labels, negatives,
+                                                 self.lm_head.weight.shape[0])
         with self.accelerator.autocast():
             return block_diffusion_loss(self.model, self.embed_tokens, self.lm_head, features, batch.to(device),
                                         weights, self.attn_implementation, objective=objective,
-                                        teacher_hidden=final, vocab_ids=vocab)
+                                        teacher_hidden=final, vocab_ids=vocab, vocab_offsets=offsets)
+
+    def step_negatives(self) -> torch.Tensor | None:
+        """This step's sampled-softmax negatives (--train-vocab-sampled): a function of (seed, step), as resume
+        needs."""
+        if self.train_vocab is None or not self.args.train_vocab_sampled:
+            return None
+        generator = torch.Generator().manual_seed(stable_seed(self.args.seed, self.global_step, 31))
+        return sampled_tokens(self.train_vocab, self.lm_head.weight.shape[0], self.args.train_vocab_sampled,
+                              generator)
 
     def step_weights(self, gamma: float) -> torch.Tensor:
         """Position weights of this step: exp(-(k-1)/gamma), or the running reach rates (--position-weighting
@@ -291,14 +304,14 @@ class DFlashTrainer:
 
     def training_step(self, group: list[list[int]], epoch: int, gamma: float) -> dict[str, Any]:
         """One optimizer step over `group` (grad_accum micro-batches); returns the step's log entry."""
-        weights = self.step_weights(gamma)
+        weights, negatives = self.step_weights(gamma), self.step_negatives()
         totals, tokens = None, 0
         for i, positions in enumerate(group):
             batch = self.block_batch([self.train_samples[p] for p in positions], epoch)
             tokens += int(batch.attention_mask.sum())
             last = i == len(group) - 1
             with contextlib.nullcontext() if last else self.accelerator.no_sync(self.model):
-                out = self.compute_loss(batch, weights, training=True)
+                out = self.compute_loss(batch, weights, training=True, negatives=negatives)
                 self.accelerator.backward(out.loss / len(group))
             totals = add_sums(totals, out)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
@@ -528,7 +541,7 @@ class DFlashTrainer:
     def recipe_options(self) -> dict[str, Any]:
         """The issue-13 recipe options this run changed from their defaults (recorded in training_info.json)."""
         names = ("distill_weight", "distill_top_k", "acceptance_loss_weight", "position_weighting",
-                 "position_weight_floor", "train_vocab_size", "init_from_target")
+                 "position_weight_floor", "train_vocab_size", "train_vocab_sampled", "init_from_target")
         defaults = DFlashTrainingArguments("t", "d", "o")
         return {n: getattr(self.args, n) for n in names if getattr(self.args, n) != getattr(defaults, n)}
 

@@ -32,8 +32,10 @@ from hf_dflash.training import (
     position_weights,
     read_log,
     sample_anchors,
+    sampled_tokens,
     split_heldout,
     target_outputs,
+    training_vocabulary,
 )
 from hf_dflash.training.loss import block_hidden_states, chunked_token_losses, teacher_rows
 from hf_dflash.training.recipe import initial_reach_rates
@@ -226,6 +228,24 @@ def test_restricted_vocabulary_is_the_loss_over_a_smaller_head(target_and_tokeni
                                          objective=objective, teacher_hidden=final)
     torch.testing.assert_close(restricted.loss, reference.loss)
     assert torch.equal(restricted.correct, reference.correct)
+    # sampled negatives: each stands for (V - N) / S of the other tokens, through a logit offset in the loss only
+    negatives = sampled_tokens(frequent, 64, 5, torch.Generator().manual_seed(0))
+    assert not set(negatives.tolist()) & set(frequent.tolist())
+    vocab, offsets = training_vocabulary(frequent, batch.labels, negatives, 64)
+    assert set(vocab.tolist()) == set(batch_vocabulary(frequent, batch.labels).tolist()) | set(negatives.tolist())
+    extra = ~torch.isin(vocab, batch_vocabulary(frequent, batch.labels))
+    assert extra.any() and torch.allclose(offsets[extra], torch.tensor(math.log((64 - 4) / 5)))
+    assert (offsets[~extra] == 0).all()
+    biased_head = torch.nn.Linear(64, len(vocab), bias=True)
+    biased_head.weight.data, biased_head.bias.data = head.weight[vocab].clone(), offsets.clone()
+    renumber = {int(t): i for i, t in enumerate(vocab)}
+    remapped.labels = batch.labels.clone().apply_(lambda t: renumber.get(t, t) if t != IGNORE_INDEX else t)
+    with torch.no_grad():
+        sampled = block_diffusion_loss(drafter, embed, head, features, batch, weights, objective=objective,
+                                       teacher_hidden=final, vocab_ids=vocab, vocab_offsets=offsets)
+        reference = block_diffusion_loss(drafter, embed, biased_head, features, remapped, weights,
+                                         objective=objective, teacher_hidden=final)
+    torch.testing.assert_close(sampled.loss, reference.loss)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -254,6 +274,7 @@ OPTIONS = {
     "acceptance-loss": dict(acceptance_loss_weight=1.0),  # the acceptance-aware loss alone
     "dynamic-weights": dict(position_weighting="acceptance"),
     "train-vocab": dict(train_vocab_size=6),
+    "train-vocab-sampled": dict(train_vocab_size=6, train_vocab_sampled=8),
     "init-from-target": dict(init_from_target=True),
 }
 
@@ -323,7 +344,7 @@ def test_cpu_budget_stops_training_and_still_evaluates(workdir, data_file, targe
 # ----------------------------------------------------------------------------------------------------------------------
 # resume and DFlare with every option on
 ALL_OPTIONS = dict(distill_weight=0.5, distill_top_k=4, acceptance_loss_weight=0.3, position_weighting="acceptance",
-                   train_vocab_size=6, init_from_target=True)
+                   train_vocab_size=6, train_vocab_sampled=8, init_from_target=True)
 
 
 class Killed(Exception):
@@ -399,7 +420,7 @@ def test_runs_started_before_the_new_options_still_resume(workdir, data_file, ta
     run_args = Path(args.output_dir) / "run_args.json"
     saved = json.loads(run_args.read_text())
     for name in ("distill_weight", "distill_top_k", "acceptance_loss_weight", "position_weighting",
-                 "position_weight_floor", "train_vocab_size", "init_from_target"):
+                 "position_weight_floor", "train_vocab_size", "train_vocab_sampled", "init_from_target"):
         del saved[name]  # as written before these options existed
     run_args.write_text(json.dumps(saved))
     resumed = DFlashTrainer(small_args(data_file, workdir / "old-run", epochs=1, max_steps=2, eval_split=0.0,
