@@ -326,7 +326,12 @@ def test_training_log_and_curves_from_the_cli(workdir, target_dir, data_file):
                                          train_samples)
     assert evals[-1]["heldout"]["acceptance_length"] > evals[0]["heldout"]["acceptance_length"] + 2
     png = output / "training_curves.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    try:
+        import matplotlib  # noqa: F401 (a dev dependency; without it no PNG, and no error)
+    except ImportError:
+        assert not png.exists()
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((output / "eval.json").read_text())
     assert results["compute"]["tokens"] == records[-1]["tokens"]
 
