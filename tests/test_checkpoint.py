@@ -74,7 +74,7 @@ def test_saved_folder_is_the_zlab_layout(saved):
 def test_remote_code_payload_is_flat_and_imports_only_torch_and_transformers(saved):
     folder = saved[2] / "drafter"
     payload = sorted(p.name for p in folder.glob("*.py"))
-    assert {"configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py"} <= set(payload)
+    assert {"configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py", "tree_dflash.py"} <= set(payload)
     allowed = {"torch", "transformers", "huggingface_hub", "hf_dflash"} | set(sys.stdlib_module_names)
     for name in payload:
         tree = ast.parse((folder / name).read_text())
@@ -167,6 +167,9 @@ REMOTE_GENERATE = """
     fast = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=drafter)
     assert torch.equal(plain, fast), (plain, fast)
     assert len(drafter.last_stats.acceptance_lengths) > 0
+    tree = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=drafter, dflash_tree_budget=8)
+    assert torch.equal(plain, tree), (plain, tree)
+    assert max(drafter.last_stats.drafts_per_cycle) == 8
     print("REMOTE-OK", drafter.last_stats.mean_acceptance_length)
 """
 

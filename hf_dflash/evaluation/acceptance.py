@@ -46,7 +46,8 @@ def measure_acceptance_length(target, drafter, prompts: list[list[int]], max_new
 
 
 def acceptance_histogram(stats: list[DFlashStats]) -> list[int]:
-    """Counts of acceptance lengths 1..block_size over all verifications (index 0 = nothing accepted).
+    """Counts of acceptance lengths 1..block_size over all verifications (index 0 = nothing accepted); longer when a
+    tree's n-gram branch accepted more than a block.
 
     Example:
         >>> acceptance_histogram([DFlashStats(block_size=4, acceptance_lengths=[1, 4, 2, 1])])
@@ -54,7 +55,7 @@ def acceptance_histogram(stats: list[DFlashStats]) -> list[int]:
     """
     if not stats:
         return []
-    counts = [0] * stats[0].block_size
+    counts = [0] * max([stats[0].block_size] + [a for s in stats for a in s.acceptance_lengths])
     for s in stats:
         for a in s.acceptance_lengths:
             counts[a - 1] += 1
