@@ -150,7 +150,7 @@ def main() -> int:
                     ok = False
                 if device.type == "cuda" and not 0.6 <= timed_sum / seconds <= 1.1:
                     ok = False
-        del target, drafter
+        target = drafter = None  # free the memory before the next dtype
         if device.type == "cuda":
             torch.cuda.empty_cache()
     report["ok"] = ok

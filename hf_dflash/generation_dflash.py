@@ -22,6 +22,7 @@ assistants (small LMs, prompt lookup, early exit) go to transformers untouched. 
 """
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -36,6 +37,8 @@ from transformers.generation import logits_process as lp
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
+
+from .tree_dflash import TREE_BUDGET_KWARG, TreeVerifier, requested_tree_budget
 
 
 logger = logging.get_logger(__name__)
@@ -67,11 +70,14 @@ class DFlashStats:
     """Statistics of one ``generate()`` call with a DFlash drafter (``drafter.last_stats``).
 
     ``acceptance_lengths`` has one entry per verification: accepted drafts + 1 (the target's own token), so the
-    mean is the paper's tau. Times are host wall-clock seconds (no device synchronisation).
+    mean is the paper's tau; ``drafts_per_cycle`` how many drafts each cycle verified (0: a plain target step, which
+    the cost-aware policy takes when speculation does not pay). Times are wall-clock seconds, the device
+    synchronised around each timed step (so CUDA times are the work's, not its launch's).
     """
 
     block_size: int
     acceptance_lengths: list[int] = field(default_factory=list)
+    drafts_per_cycle: list[int] = field(default_factory=list)
     row_acceptance_lengths: list[list[int]] = field(default_factory=list)
     new_tokens: int = 0
     prefill_seconds: float = 0.0
@@ -217,6 +223,25 @@ def check_target_rewindable(target) -> None:
         )
 
 
+DFLASH_POLICIES = ("cost", "full")
+DEFAULT_POLICY = "cost"  # when the caller sets neither dflash_policy nor transformers' draft-length settings
+
+
+def check_call_options(options: dict) -> None:
+    """`dflash_policy` must be one we know."""
+    policy = options.get("dflash_policy")
+    if policy is not None and policy not in DFLASH_POLICIES:
+        raise ValueError(f"dflash_policy={policy!r}: use 'cost' (the default: choose the draft length from measured "
+                         "costs, plain steps when speculation does not pay) or 'full' (verify the whole block).")
+
+
+def _explicit_assistant_settings(args: tuple, kwargs: dict) -> bool:
+    """Whether the caller set transformers' draft-length settings (then they rule, as for any assistant)."""
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule")
+    config = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
+    return any(kwargs.get(n) is not None or getattr(config, n, None) is not None for n in names)
+
+
 DRAFT_LENGTH_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 
 
@@ -292,9 +317,39 @@ def processed_verify_scores(processors, histories: list[torch.Tensor], drafts, l
     out = torch.empty_like(logits)
     for r, history in enumerate(histories):
         full = torch.cat([history, drafts[r]])[None]
-        for i in range(rows):
-            out[r : r + 1, i] = processors(full[:, : len(history) + i], logits[r : r + 1, i].clone())
+        with processors_for_rows(processors, [r]):
+            for i in range(rows):
+                out[r : r + 1, i] = processors(full[:, : len(history) + i], logits[r : r + 1, i].clone())
     return out
+
+
+class _ProcessorRows:
+    """The per-row values some processors hold (see :func:`processors_for_rows`), retired with their rows: this
+    call's processors are its own, so they keep the selection."""
+
+    def __init__(self, processors):
+        self.processors = processors
+
+    def batch_select_indices(self, rows: torch.Tensor) -> None:
+        for p in self.processors:
+            if isinstance(getattr(p, "prompt_ignore_length", None), torch.Tensor):
+                p.prompt_ignore_length = p.prompt_ignore_length[rows.to(p.prompt_ignore_length.device)]
+
+
+@contextlib.contextmanager
+def processors_for_rows(processors, rows: list[int]):
+    """Processors that hold one value per batch row (transformers gives repetition_penalty the left-padding length
+    of each row of a masked batch as `prompt_ignore_length`) see only `rows` inside: the rows still generating, or the
+    one row a per-row call scores."""
+    saved = [(p, p.prompt_ignore_length) for p in processors
+             if isinstance(getattr(p, "prompt_ignore_length", None), torch.Tensor)]
+    for p, values in saved:
+        p.prompt_ignore_length = values[torch.tensor(rows, device=values.device)]
+    try:
+        yield
+    finally:
+        for p, values in saved:
+            p.prompt_ignore_length = values
 
 
 def select_tokens(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
@@ -370,6 +425,113 @@ def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# the cost-aware draft length
+class CostTable:
+    """Measured seconds of the target's verify forward by width, and of one drafter forward (moving averages).
+
+    Example:
+        >>> table = CostTable()
+        >>> table.observe_verify(1, 0.010); table.observe_verify(16, 0.030)
+        >>> round(table.verify_seconds(6), 4), table.verify_seconds(32) > 0.030
+        (0.0167, True)
+    """
+
+    def __init__(self):
+        self.verify: dict[int, float] = {}
+        self.draft: float | None = None
+
+    @staticmethod
+    def _average(old: float | None, new: float) -> float:
+        return new if old is None else 0.8 * old + 0.2 * new
+
+    def observe_verify(self, width: int, seconds: float) -> None:
+        self.verify[width] = self._average(self.verify.get(width), seconds)
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft = self._average(self.draft, seconds)
+
+    def verify_seconds(self, width: int) -> float | None:
+        """Measured, else linear between the nearest measured widths (extrapolated past the ends); None if none."""
+        if width in self.verify:
+            return self.verify[width]
+        points = sorted(self.verify.items())
+        if len(points) < 2:
+            return points[0][1] if points else None
+        below = [p for p in points if p[0] < width][-1:] or points[:1]
+        above = [p for p in points if p[0] > width][:1] or points[-1:]
+        (x0, y0), (x1, y1) = (points[-2], points[-1]) if below == above == points[-1:] else (below[0], above[0])
+        if x0 == x1:
+            (x0, y0), (x1, y1) = points[0], points[1]
+        return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
+
+
+# (target, device, dtype, batch) -> CostTable, for the process: measured once, refined by every generate() call
+_COST_TABLES: dict[tuple, CostTable] = {}
+
+
+class CostAwarePolicy:
+    """Chooses each cycle's draft count k (0 = a plain target step) to maximise expected committed tokens per second.
+
+    expected tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, with a_i the acceptance rate at depth i given every earlier
+    draft was accepted (counted as generation goes, decaying, from a 1/2 prior); seconds(k) = t(draft) + t(verify
+    of k + 1 rows) for k > 0, t(verify of 1 row) for k = 0. The first cycle of each call verifies a full block (it
+    measures the drafter and a wide verify, and the acceptance at every depth); t(1) is measured by the first plain
+    step chosen. When plain steps win, a speculative cycle is still tried now and then (after 4 plain steps, then
+    8, 16, ... up to 64) so a drafter that improves, or a costlier target, is noticed. Output never depends on k.
+    """
+
+    def __init__(self, target, most: int):
+        self.target, self.most = target, most
+        self.reached = [0.0] * most
+        self.accepted = [0.0] * most
+        self.plain_streak, self.probe_after = 0, 4
+        self.cycles = 0
+
+    def table(self, batch: int, device) -> CostTable:
+        key = (id(self.target), str(device), str(self.target.dtype), batch)
+        return _COST_TABLES.setdefault(key, CostTable())
+
+    def acceptance_rates(self) -> list[float]:
+        return [(a + 1.0) / (r + 2.0) for a, r in zip(self.accepted, self.reached)]
+
+    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
+        self.reached = [0.97 * r for r in self.reached]
+        self.accepted = [0.97 * a for a in self.accepted]
+        for n in accepted:
+            for depth in range(min(n + 1, num_drafts)):
+                self.reached[depth] += 1.0
+                self.accepted[depth] += float(depth < n)
+
+    def num_drafts(self, batch: int, device) -> int:
+        table = self.table(batch, device)
+        width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
+        self.cycles += 1
+        if self.cycles == 1 or table.draft is None or width(self.most + 1) not in table.verify:
+            return self.most  # a call starts with a full block: its costs (once) and this drafter's acceptance
+        # A plain step costs at most what the narrowest measured verify did: until one is measured, that bound
+        # favours drafting, so a good drafter is never interrupted just to measure plain decoding.
+        plain = table.verify.get(1, min(table.verify.values()))
+        rates, expected, reach = self.acceptance_rates(), 1.0, 1.0
+        best_k, best_speed, best_drafting = 0, 1.0 / plain, (0, 0.0)
+        for k in range(1, self.most + 1):
+            reach *= rates[k - 1]
+            expected += reach
+            speed = expected / (table.draft + table.verify_seconds(width(k + 1)))
+            if speed > best_drafting[1]:
+                best_drafting = (k, speed)
+        if best_drafting[1] > best_speed:
+            best_k = best_drafting[0]
+        if best_k > 0:
+            self.plain_streak, self.probe_after = 0, 4
+            return best_k
+        self.plain_streak += 1
+        if self.plain_streak < self.probe_after:
+            return 0
+        self.plain_streak, self.probe_after = 0, min(64, 2 * self.probe_after)
+        return best_drafting[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # drafting
 class DFlashCandidateGenerator(CandidateGenerator):
     """Proposes a block of candidate tokens per sequence with one drafter forward.
@@ -384,6 +546,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
     generator lives for one ``generate`` call) :meth:`update_candidate_strategy` applies transformers' rule: +2
     after a cycle where every row accepted every draft, -1 otherwise, within [1, B-1]. Only the speed changes: every
     count is lossless.
+
+    The default, when the caller sets neither ``num_assistant_tokens`` nor its schedule (``dflash_policy="cost"``):
+    each cycle :class:`CostAwarePolicy` picks the draft count that maximises expected committed tokens per second
+    from the measured costs of verify forwards by width and of the drafter, and from the acceptance rate by depth
+    observed so far; 0 drafts means a plain target step (no drafter forward; its features still reach the drafter
+    later). ``dflash_policy="full"`` verifies the whole block every cycle.
 
     Example:
         >>> generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())  # doctest: +SKIP
@@ -402,6 +570,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         most = self.block_size - 1
         self.num_assistant_tokens = min(most, generation_config.num_assistant_tokens or most)
         self.adaptive = generation_config.num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
+        policy = call_option("dflash_policy") or ("full" if call_option("assistant_settings") else DEFAULT_POLICY)
+        self.policy = CostAwarePolicy(target, most) if policy == "cost" and not self.adaptive else None
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
         self.cache = DynamicCache()
         self.cache_keyword = cache_argument(drafter)
@@ -442,6 +612,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
             context_positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
             anchor_positions = torch.tensor([length - 1], device=input_ids.device)
         num_drafts = self.num_assistant_tokens
+        if self.policy is not None:
+            num_drafts = min(num_drafts, self.policy.num_drafts(len(histories), input_ids.device))
         if self.max_length is not None:
             num_drafts = min(num_drafts, self.max_length - min(len(h) for h in histories) - 1)
         if num_drafts <= 0:
@@ -458,12 +630,24 @@ class DFlashCandidateGenerator(CandidateGenerator):
         the accepted drafts (an int, or one per row: the count grows only when every row accepted all k).
         """
         num_drafts = scores.shape[1] - 1
+        if self.policy is not None:
+            self.policy.observe_acceptance(num_drafts, torch.as_tensor(num_matches).reshape(-1).tolist())
         if not self.adaptive or num_drafts == 0:
             return
         if bool((torch.as_tensor(num_matches) == num_drafts).all()):
             self.num_assistant_tokens = min(self.block_size - 1, self.num_assistant_tokens + 2)
         else:
             self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+
+    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
+                      draft_seconds: float | None = None) -> None:
+        """A cycle's measured costs: the target's seconds for a verify of `width` rows (with any re-advance) and the
+        drafter's (None: it did not run). They feed the cost-aware policy's table for this target and batch."""
+        if self.policy is not None:
+            table = self.policy.table(batch, device)
+            table.observe_verify(width, target_seconds)
+            if draft_seconds is not None:
+                table.observe_draft(draft_seconds)
 
     def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
         """One drafter forward: `num_drafts` draft tokens for each row (what :meth:`get_candidates` calls).
@@ -515,9 +699,10 @@ class DFlashCandidateGenerator(CandidateGenerator):
         scores, drafts = torch.empty_like(logits), []
         for r, history in enumerate(histories):
             ids = history[None]
-            for i in range(k):
-                scores[r : r + 1, i] = processors(ids, logits[r : r + 1, i].clone())
-                ids = torch.cat([ids, select_tokens(scores[r : r + 1, i], self.do_sample)[:, None]], dim=1)
+            with processors_for_rows(processors, [r]):
+                for i in range(k):
+                    scores[r : r + 1, i] = processors(ids, logits[r : r + 1, i].clone())
+                    ids = torch.cat([ids, select_tokens(scores[r : r + 1, i], self.do_sample)[:, None]], dim=1)
             drafts.append(ids[0, len(history) :])
         return torch.stack(drafts), scores
 
@@ -643,12 +828,13 @@ class _Rows:
             return ids, positions, None
         return ids, positions, torch.cat([self.slot_mask, self.slot_mask.new_ones(len(self), width)], dim=1)
 
-    def commit(self, accepted, tokens, scores, features, positions, cache, cached: int, stopping_criteria):
+    def commit(self, accepted, tokens, scores, features, positions, cache, cached: int, stopping_criteria,
+               drafter_read: bool = True):
         """Commit a verification: row r accepted `accepted[r]` drafts and then `tokens[r, accepted[r]]`.
 
         The target `cache` (`cached` slots before the verify forward) keeps the slots of the longest acceptance;
         shorter rows mark their rejected slots as padding. The kept slots' `features` / `positions` [b, width, ...]
-        become the drafter's next context. Each row's history grows by its tokens, cut exactly where plain generate
+        become the drafter's next context (after the unread ones, when the drafter did not run this cycle). Each row's history grows by its tokens, cut exactly where plain generate
         would stop (EOS, max length, stop strings inside the block; `scores` [b, k + 1, V] feed the criteria).
 
         Returns (the rows that go on, the tokens each row committed).
@@ -659,7 +845,11 @@ class _Rows:
         if self.slot_mask is not None or not bool(real.all()):
             before = self.slot_mask if self.slot_mask is not None else real.new_ones(len(self), cached)
             self.slot_mask = torch.cat([before, real], dim=1)
-        self.features, self.feature_positions = features[:, :keep], positions[:, :keep]
+        if drafter_read:
+            self.features, self.feature_positions = features[:, :keep], positions[:, :keep]
+        else:  # a plain step: the drafter has not read the previous features either; it reads both next time
+            self.features = torch.cat([self.features, features[:, :keep]], dim=1)
+            self.feature_positions = torch.cat([self.feature_positions, positions[:, :keep]], dim=1)
         self.anchor_positions = self.anchor_positions + accepted + 1
         running, committed = [], []
         for r, n in enumerate(accepted.tolist()):
@@ -753,6 +943,13 @@ def _empty_target_cache(target, model_kwargs):
     return cache
 
 
+def _synchronized_clock(device: torch.device) -> float:
+    """perf_counter after the device's queued work is done, so a difference of two covers the work, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 @torch.no_grad()
 def dflash_decoding(
     target,
@@ -783,6 +980,14 @@ def dflash_decoding(
     forward_kwargs = {cache_argument(target): cache, "use_cache": True, "output_hidden_states": want_hidden}
     if config.output_attentions:
         forward_kwargs["output_attentions"] = True
+    budget = requested_tree_budget(config, call_option(TREE_BUDGET_KWARG))
+    tree = None if budget is None else TreeVerifier(  # steps 3-5 over a tree of drafts (tree_dflash.py)
+        budget, target, cache, forward_kwargs, logits_processor, stopping_criteria, config, batch=batch,
+        features=lambda hidden: target_features(hidden, layer_ids), vectorizable=_vectorizable,
+        pad_rows=lambda n: gemm_friendly_rows(n, input_ids.device),
+    )
+    if tree is not None:
+        generator.policy = None  # trees draft whole blocks: the cost-aware policy chooses chain lengths only
 
     # 1. prefill: the target reads the prompts and chooses the first new token alone
     rows = _Rows.for_prompts(input_ids, model_kwargs.get("attention_mask"))
@@ -800,20 +1005,24 @@ def dflash_decoding(
     running = rows.start(tokens, target_features(outputs.hidden_states, layer_ids), processed, stopping_criteria)
     recurrent, sliding = RecurrentStates(cache), has_sliding_window(cache)
 
-    while rows.retire(running, cache, generator.cache):
+    while rows.retire(running, cache, generator.cache, _ProcessorRows(logits_processor)):
         # 2. draft: candidates [anchor, drafts] per row from one drafter forward (just the anchor at max_length - 1)
-        tic = time.perf_counter()
+        tic = _synchronized_clock(input_ids.device)
         candidates, draft_scores = generator.get_candidates(
             rows.anchors(), rows.features, histories=rows.histories, context_positions=rows.feature_positions,
             anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
         )
         drafts = candidates[:, 1:]
-        stats.draft_seconds += time.perf_counter() - tic
+        drafted = _synchronized_clock(input_ids.device)
+        stats.draft_seconds += drafted - tic
+        if tree is not None and draft_scores is not None:
+            running = tree.cycle(rows, cache, draft_scores, stats, recorder, streamer)
+            continue
 
         # 3. verify the candidates in one target forward (padded to a GEMM-friendly row count on CPU; not for
         # recurrent targets, where padding would cost a re-advance)
-        tic = time.perf_counter()
-        width = candidates.shape[1] if recurrent else gemm_friendly_rows(candidates.shape[1], input_ids.device, len(rows))
+        batch = len(rows)
+        width = candidates.shape[1] if recurrent else gemm_friendly_rows(candidates.shape[1], input_ids.device, batch)
         verify_ids, positions, mask = rows.verify_inputs(candidates, width)
         cached = cache_slots(cache)
         if recurrent:
@@ -832,13 +1041,15 @@ def dflash_decoding(
             # token. Each row's first shortest-acceptance + 1 tokens are target tokens (accepted drafts), so this
             # stays exact.
             accepted = accepted.clamp(max=int(accepted.min()))
-        stats.verify_seconds += time.perf_counter() - tic
+        verified = _synchronized_clock(input_ids.device)
+        stats.verify_seconds += verified - drafted
         stats._add_verification(rows.ids, accepted)
+        stats.drafts_per_cycle.append(drafts.shape[1])
         generator.update_candidate_strategy(candidates, processed, accepted)
 
         # 5. commit, stopping exactly where plain generate would
         features = target_features(outputs.hidden_states, layer_ids)
-        keep = int(accepted.max()) + 1
+        keep, verify_width = int(accepted.max()) + 1, width
         if recurrent and keep < width:  # the recurrent states read rejected drafts: rewind and re-advance
             cache.crop(-width)
             recurrent.restore()
@@ -848,8 +1059,12 @@ def dflash_decoding(
             )
             features = target_features(outputs.hidden_states, layer_ids)
             width = keep
+        target_seconds = _synchronized_clock(input_ids.device) - verified + (verified - drafted)
+        generator.observe_costs(batch, input_ids.device, verify_width, target_seconds,
+                                drafted - tic if draft_scores is not None else None)
         running, committed = rows.commit(
-            accepted, tokens, processed, features, positions[:, :width], cache, cached, stopping_criteria
+            accepted, tokens, processed, features, positions[:, :width], cache, cached, stopping_criteria,
+            drafter_read=draft_scores is not None,
         )
         if len(committed) == 1:
             recorder.add(outputs, raw, processed, len(committed[0]), prefill=False, kv_length=cached)
@@ -897,6 +1112,17 @@ def _right_padded(histories: list[torch.Tensor], config) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # routing
+# generate() keyword arguments of our own (transformers would refuse them as unused model kwargs): taken out of the
+# call by the routing and read by dflash_decoding for that call.
+DFLASH_GENERATE_KWARGS = ("dflash_policy", "dflash_tree_budget")
+_call_options: contextvars.ContextVar[dict] = contextvars.ContextVar("hf_dflash_call_options", default={})
+
+
+def call_option(name: str, default=None):
+    """The value of one of :data:`DFLASH_GENERATE_KWARGS` for the generate() call in progress."""
+    return _call_options.get().get(name, default)
+
+
 def _routes(original):
     """Wrap a GenerationMixin method so DFlash drafters get our checks / loop; everything else passes through."""
     name = original.__name__
@@ -905,11 +1131,22 @@ def _routes(original):
     def wrapper(self, *args, **kwargs):
         drafter = kwargs.get("assistant_model")
         if drafter is None or not is_dflash_drafter(drafter):
+            stray = [k for k in DFLASH_GENERATE_KWARGS if k in kwargs]
+            if stray and name == "generate":
+                raise ValueError(f"{stray} apply to DFlash drafters only: pass assistant_model=<a DFlash drafter>, or "
+                                 "drop them.")
             return original(self, *args, **kwargs)
         if name == "generate":
+            options = {k: kwargs.pop(k) for k in DFLASH_GENERATE_KWARGS if k in kwargs}
+            options["assistant_settings"] = _explicit_assistant_settings(args, kwargs)
             check_generate_call(self, drafter, args, kwargs)
-            with _rewindable_target(self):
-                return original(self, *args, **kwargs)
+            check_call_options(options)
+            token = _call_options.set(options)
+            try:
+                with _rewindable_target(self):
+                    return original(self, *args, **kwargs)
+            finally:
+                _call_options.reset(token)
         return dflash_decoding(self, *args, **kwargs)
 
     wrapper._hf_dflash_original = original

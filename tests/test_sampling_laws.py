@@ -19,9 +19,7 @@ import random
 
 import pytest
 import torch
-from conftest import cached_target
-from test_batch import left_padded
-from test_sampling import P_THRESHOLD, chi_square_pvalue
+from conftest import P_THRESHOLD, cached_target, chi_square_pvalue, left_padded
 
 import hf_dflash
 from hf_dflash.generation_dflash import DFlashCandidateGenerator

@@ -9,9 +9,15 @@ slows them alike; the order rotates from prompt to prompt):
 - ``early_exit``: transformers' self-speculation (``assistant_early_exit=N``, N ~ a third of the depth);
 - ``builtin_dflash``: transformers' own DFlash generator driving our drafter
   (``with hf_dflash.builtin_generation(): generate(..., assistant_model=drafter, speculation_type="dflash")``);
-- ``dflash``: this package's DFlash loop (``generate(..., assistant_model=drafter)``);
+- ``dflash``: this package's DFlash loop verifying the whole block every cycle (``dflash_policy="full"``);
+- ``dflash_default``: what ``generate(assistant_model=drafter)`` does by default: the cost-aware policy picks each
+  cycle's draft count (0 = a plain target step) from measured costs and acceptance;
 - ``dflash_heuristic``: the same loop verifying an adaptive number of drafts per cycle
-  (``num_assistant_tokens_schedule="heuristic"``: +2 after a fully accepted block, -1 otherwise).
+  (``num_assistant_tokens_schedule="heuristic"``: +2 after a fully accepted block, -1 otherwise);
+- ``dflash_tree``: the same loop verifying a tree of 16 drafts per cycle (``dflash_tree_budget=16``, DDTree: built
+  best-first by joint draft probability from the drafter's one forward, verified in one target forward);
+- ``dflash_tree_ngram``: the same tree plus the prompt-lookup continuation (10 tokens) as one more branch
+  (``prompt_lookup_num_tokens=10``).
 
 Reported per dataset and overall: tau (tokens per target forward: ``drafter.last_stats`` for ours, counted target
 forwards for the others), acceptance by block position, tokens/s, speedup vs plain (median of per-prompt ratios),
@@ -39,7 +45,11 @@ from .prompts import DATASET_LICENSES
 
 logger = logging.get_logger(__name__)
 
-METHODS: tuple[str, ...] = ("plain", "pld", "early_exit", "builtin_dflash", "dflash", "dflash_heuristic")
+METHODS: tuple[str, ...] = (
+    "plain", "pld", "early_exit", "builtin_dflash", "dflash", "dflash_heuristic", "dflash_default", "dflash_tree",
+    "dflash_tree_ngram",
+)
+TREE_BUDGET = 16  # draft nodes per verification of the ``dflash_tree`` method
 
 
 METHOD_LABELS = {
@@ -47,8 +57,11 @@ METHOD_LABELS = {
     "pld": "prompt lookup (10)",
     "early_exit": "early exit",
     "builtin_dflash": "transformers DFlash",
-    "dflash": "hf-dflash (ours)",
+    "dflash": "hf-dflash, full blocks",
     "dflash_heuristic": "hf-dflash, heuristic draft length",
+    "dflash_default": "hf-dflash default (cost-aware)",
+    "dflash_tree": f"hf-dflash, tree ({TREE_BUDGET} nodes)",
+    "dflash_tree_ngram": f"hf-dflash, tree ({TREE_BUDGET}) + n-gram branch",
 }
 
 
@@ -139,9 +152,16 @@ def method_kwargs(method: str, drafter=None, early_exit_layer: int | None = None
     if method == "builtin_dflash":
         return {"assistant_model": drafter, "speculation_type": "dflash"}
     if method == "dflash":
+        return {"assistant_model": drafter, "dflash_policy": "full"}
+    if method == "dflash_default":
         return {"assistant_model": drafter}
     if method == "dflash_heuristic":
         return {"assistant_model": drafter, "num_assistant_tokens_schedule": "heuristic"}
+    if method == "dflash_tree":
+        return {"assistant_model": drafter, "dflash_tree_budget": TREE_BUDGET}
+    if method == "dflash_tree_ngram":
+        return {"assistant_model": drafter, "dflash_tree_budget": TREE_BUDGET,
+                "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
     raise ValueError(f"Unknown method {method!r}; choose from {list(METHODS)}.")
 
 
@@ -273,7 +293,22 @@ def cycle_costs(stats: list[DFlashStats], t1: float) -> dict:
         "ceiling": tau * t1 / (t_draft + t_verify) if t_draft + t_verify > 0 else None,
         "acceptance_by_position": pooled_acceptance_by_position(stats),
         "acceptance_length_histogram": acceptance_histogram(stats),
+        "chosen_drafts": chosen_drafts(stats),
     }
+
+
+def chosen_drafts(stats: list[DFlashStats]) -> dict[int, int]:
+    """How many cycles verified k drafts, by k (0: a plain target step of the cost-aware policy).
+
+    Example:
+        >>> chosen_drafts([DFlashStats(block_size=4, acceptance_lengths=[1, 1, 3], drafts_per_cycle=[0, 0, 3])])
+        {0: 2, 3: 1}
+    """
+    counts: dict[int, int] = {}
+    for s in stats:
+        for k in s.drafts_per_cycle:
+            counts[k] = counts.get(k, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def compare_on_prompt(target, tokenizer, drafter, prompt: str, max_new_tokens: i
     """
     ids = chat_input_ids(tokenizer, prompt, target.device)
     plain = timed_generation(target, ids, max_new_tokens, "plain")
-    dflash = timed_generation(target, ids, max_new_tokens, "dflash", drafter)
+    dflash = timed_generation(target, ids, max_new_tokens, "dflash_default", drafter)
     text = tokenizer.decode(dflash.new_tokens, skip_special_tokens=True)
     return Comparison(prompt, text, plain, dflash)
 
@@ -74,7 +74,7 @@ def run_demo(target, tokenizer, drafter, prompts=DEFAULT_PROMPTS, max_new_tokens
         >>> comparisons = run_demo(target, tokenizer, drafter, ["Hi!"], max_new_tokens=16)  # doctest: +SKIP
     """
     warmup_ids = chat_input_ids(tokenizer, prompts[0], target.device)
-    for method in ("plain", "dflash"):  # first calls pay for lazy initialisation
+    for method in ("plain", "dflash_default"):  # first calls pay for lazy initialisation
         timed_generation(target, warmup_ids, min(4, max_new_tokens), method, drafter)
     comparisons = []
     for i, prompt in enumerate(prompts, 1):

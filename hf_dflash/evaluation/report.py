@@ -61,6 +61,11 @@ def markdown_report(report: dict) -> str:
         ]
         for name, e in costs.items():
             lines.append(f"| {name} | " + " | ".join(f"{p:.2f}" for p in e["acceptance_by_position"]) + " |")
+    chosen = {name: m["dflash_default"]["chosen_drafts"] for name, m in results.items()
+              if "chosen_drafts" in m.get("dflash_default", {})}
+    if chosen:
+        lines += ["", "hf-dflash default (cost-aware): cycles by drafts verified (0 = a plain target step).", ""]
+        lines += [f"- {name}: " + ", ".join(f"{k}: {n}" for k, n in counts.items()) for name, counts in chosen.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -65,7 +65,7 @@ def test_run_benchmark_on_a_tiny_model(tiny_folder, tmp_path):
     assert bench.all_identical(report)
     json.dumps(report)  # JSON-ready
     text = markdown_report(report)
-    assert "| overall | hf-dflash (ours) |" in text and "ceiling" in text
+    assert "| overall | hf-dflash, full blocks |" in text and "ceiling" in text and "plain target step" in text
     assert save_plot(report, tmp_path / "plot.png") and (tmp_path / "plot.png").stat().st_size > 0
 
 
@@ -88,7 +88,7 @@ def test_demo_exit_code_is_one_when_outputs_differ(tiny_folder, monkeypatch, cap
 
     def corrupted(*args, **kwargs):
         run = real(*args, **kwargs)
-        if len(args) > 3 and args[3] == "dflash":
+        if len(args) > 3 and args[3] == "dflash_default":
             run.new_tokens = run.new_tokens[:-1] + [run.new_tokens[-1] + 1]
         return run
 

@@ -10,16 +10,14 @@ only joins them into one gloo group with ``ACCELERATE_USE_CPU=true`` (without it
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_tiny_target
+from conftest import save_tiny_target, write_data
 from safetensors.torch import load_file
 
 from hf_dflash.training import DFlashTrainer, DFlashTrainingArguments
@@ -73,18 +71,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def write_data(path: Path, count: int = 9) -> Path:
-    """Token-id records (prompt + response) over the tiny target's vocabulary; 8 train + 1 held-out sample."""
-    rng = random.Random(0)
-    lines = []
-    for _ in range(count):
-        prompt, response = rng.randint(6, 12), rng.randint(2 * BLOCK, 3 * BLOCK)
-        ids = [rng.randrange(4, 64) for _ in range(prompt + response)]
-        lines.append(json.dumps({"input_ids": ids, "prompt_length": prompt}) + "\n")
-    path.write_text("".join(lines))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,7 @@ every field that differs (README: "a ValueError lists every field that differs")
 
 import pytest
 import torch
-from conftest import make_target, save_tiny_target
-from test_distributed import write_data
+from conftest import make_target, save_tiny_target, write_data
 
 from hf_dflash import DFlashDraftModel
 from hf_dflash.cli import main

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import BLOCK, data_file, small_args, target_and_tokenizer, target_dir, workdir  # noqa: F401
+from conftest import TRAINING_BLOCK as BLOCK
+from conftest import small_args
 
 import hf_dflash.training.loss as loss_module
 from hf_dflash import DFlashDraftModel
@@ -37,7 +38,11 @@ from hf_dflash.training import (
     target_outputs,
     training_vocabulary,
 )
-from hf_dflash.training.loss import block_hidden_states, chunked_token_losses, teacher_rows
+from hf_dflash.training.loss import (
+    block_hidden_states,
+    chunked_token_losses,
+    teacher_rows,
+)
 from hf_dflash.training.recipe import initial_reach_rates
 
 TIMING = ("train_seconds", "train_cpu_seconds", "elapsed_seconds")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import WORDS, save_tiny_target, write_prompts
+from conftest import TRAINING_BLOCK, WORDS, small_args
 from torch._dynamo.exc import TorchDynamoException
 from torch._inductor.exc import CppCompileError
 
@@ -19,7 +19,6 @@ from hf_dflash import DFlashDraftModel
 from hf_dflash.cli import main
 from hf_dflash.data import load_training_samples
 from hf_dflash.evaluation.acceptance import measure_acceptance_length
-from hf_dflash.models import load_target
 from hf_dflash.training import (
     IGNORE_INDEX,
     DFlashTrainer,
@@ -35,38 +34,7 @@ from hf_dflash.training import (
 )
 from hf_dflash.training.loss import block_hidden_states, is_flex_attention_available
 
-BLOCK = 8
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("training")
-
-
-@pytest.fixture(scope="module")
-def target_dir(workdir) -> Path:
-    return save_tiny_target(workdir / "target")
-
-
-@pytest.fixture(scope="module")
-def data_file(workdir, target_dir) -> Path:
-    prompts = write_prompts(workdir / "prompts.jsonl", count=48)
-    output = workdir / "train.jsonl"
-    main(["regenerate", "--target", str(target_dir), "--prompts", str(prompts), "--output", str(output),
-          "--max-new-tokens", "64", "--batch-size", "16", "--block-size", str(BLOCK)])
-    return output
-
-
-@pytest.fixture(scope="module")
-def target_and_tokenizer(target_dir):
-    return load_target(str(target_dir))
-
-
-def small_args(data_file: Path, output_dir: Path, **overrides) -> DFlashTrainingArguments:
-    fields = dict(target="tiny", data=str(data_file), output_dir=str(output_dir), num_layers=1, block_size=BLOCK,
-                  epochs=2, lr=3e-3, num_anchors=16, batch_size=2, num_eval_prompts=0, save_every=0)
-    fields.update(overrides)
-    return DFlashTrainingArguments(**fields)
+BLOCK = TRAINING_BLOCK
 
 
 # ----------------------------------------------------------------------------------------------------------------------

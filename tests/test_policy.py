@@ -1,0 +1,134 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""The cost-aware draft length (the default policy): its choices from measured costs and acceptance, plain target
+steps whose features still reach the drafter, and output identical to plain generate() whatever it chooses."""
+
+import pytest
+import torch
+from conftest import LIBRARY_DEFAULT_POLICY, cached_target, make_drafter, make_prompt, new_tokens, plain_generate
+from conftest import scripted_drafts
+
+from hf_dflash.generation_dflash import CostAwarePolicy, CostTable, DFlashCandidateGenerator, _COST_TABLES
+
+
+def test_the_library_default_is_the_cost_aware_policy():
+    assert LIBRARY_DEFAULT_POLICY == "cost"
+
+
+def policy_with(verify: dict, draft: float, rate: float, most: int = 15) -> CostAwarePolicy:
+    target = cached_target("qwen3")
+    policy = CostAwarePolicy(target, most)
+    policy.cycles = 1  # past the first (full-block) cycle
+    table = CostTable()
+    for width, seconds in verify.items():
+        table.observe_verify(width, seconds)
+    table.observe_draft(draft)
+    _COST_TABLES[(id(target), "cpu", str(target.dtype), 1)] = table
+    policy.reached = [1000.0] * most
+    policy.accepted = [1000.0 * rate] * most
+    return policy
+
+
+def test_a_weak_drafter_gets_plain_steps_and_is_probed_now_and_then():
+    policy = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)  # CPU-like: verify 16 = 2 x t(1)
+    choices = [policy.num_drafts(1, "cpu") for _ in range(40)]
+    assert choices[:3] == [0, 0, 0]
+    probes = [i for i, k in enumerate(choices) if k > 0]
+    assert probes[:3] == [3, 11, 27]  # after 4, then 8, then 16 plain steps
+    assert CostAwarePolicy(cached_target("qwen3"), 15).num_drafts(1, "cpu") == 15  # a call's first cycle
+    assert all(k <= 2 for k in choices)  # a probe asks for what could pay: few drafts
+
+
+def test_a_good_drafter_verifies_long_chains_and_flat_costs_favour_longer_ones():
+    cpu = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.9)
+    gpu = policy_with({1: 0.010, 16: 0.0105}, draft=0.002, rate=0.9)
+    assert cpu.num_drafts(1, "cpu") >= 8
+    assert gpu.num_drafts(1, "cpu") == 15  # a flat verify cost: every extra draft is nearly free
+    middling = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.6)
+    assert 0 < middling.num_drafts(1, "cpu") < 15  # costs grow with width: stop where the next draft stops paying
+
+
+def test_unmeasured_costs_start_with_a_full_block():
+    target = cached_target("llama")
+    for key in [k for k in _COST_TABLES if k[0] == id(target)]:
+        del _COST_TABLES[key]
+    assert CostAwarePolicy(target, 7).num_drafts(1, "cpu") == 7
+
+
+def test_interpolated_verify_costs():
+    table = CostTable()
+    table.observe_verify(1, 1.0)
+    table.observe_verify(9, 3.0)
+    assert table.verify_seconds(5) == pytest.approx(2.0) and table.verify_seconds(17) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("kind", ["random", "oracle", "noisy"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_default_policy_is_lossless(arch, kind):
+    target = cached_target(arch)
+    drafter = make_drafter(target, block_size=8)
+    prompt = make_prompt(11, seed=3)
+    expected = plain_generate(target, prompt, max_new_tokens=48)
+    if kind == "random":
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=48, dflash_policy="cost")
+    else:
+        with scripted_drafts(new_tokens(expected, prompt), corrupt=0.3 if kind == "noisy" else 0.0):
+            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=48, dflash_policy="cost")
+    assert got.tolist() == expected.tolist()
+    if kind == "oracle":  # perfect drafts pay: (nearly) full blocks from the first cycle on
+        assert drafter.last_stats.acceptance_lengths[0] == 8 and drafter.last_stats.mean_acceptance_length > 4
+
+
+def test_default_policy_in_a_left_padded_batch_and_with_sampling():
+    target = cached_target("qwen3")
+    drafter = make_drafter(target, block_size=6)
+    ids = torch.cat([make_prompt(9, seed=1), make_prompt(9, seed=2)])
+    mask = torch.ones_like(ids)
+    ids[1, :4], mask[1, :4] = 0, 0
+    expected = plain_generate(target, ids, attention_mask=mask, max_new_tokens=30, pad_token_id=0)
+    got = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30, do_sample=False,
+                          pad_token_id=0, dflash_policy="cost")
+    assert got.tolist() == expected.tolist()
+    sampled = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30, do_sample=True,
+                              top_k=1, pad_token_id=0, dflash_policy="cost")  # a point-mass law: greedy again
+    assert sampled.tolist() == expected.tolist()
+
+
+def test_plain_steps_still_feed_the_drafter_every_position():
+    """When the policy takes plain steps, the features of those positions must reach the drafter's cache before it
+    drafts again: every drafting call's context covers exactly the positions before its anchor."""
+    target = cached_target("qwen3")
+    drafter = make_drafter(target, block_size=6)
+    prompt = make_prompt(10, seed=4)
+    checks = []
+    original = DFlashCandidateGenerator.propose
+    schedule = iter([0, 0, 5, 0, 5, 0, 0, 0, 5] + [5] * 20)  # (the first cycle is the prefill's; then these)
+
+    def num_drafts(self, batch, device):
+        return next(schedule)
+
+    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
+        cached = self.cache.get_seq_length()
+        checks.append((cached + context.shape[1], int(anchor_positions[0]),
+                       context_positions[0].tolist() == list(range(cached, int(anchor_positions[0])))))
+        return original(self, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
+
+    saved = CostAwarePolicy.num_drafts
+    CostAwarePolicy.num_drafts, DFlashCandidateGenerator.propose = num_drafts, propose
+    try:
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False,
+                              dflash_policy="cost")
+    finally:
+        CostAwarePolicy.num_drafts, DFlashCandidateGenerator.propose = saved, original
+    assert got.tolist() == plain_generate(target, prompt, max_new_tokens=30).tolist()
+    assert drafter.last_stats.drafts_per_cycle[:3] == [0, 0, 5]
+    assert checks and all(total == anchor and contiguous for total, anchor, contiguous in checks), checks
+
+
+def test_dflash_policy_is_checked_and_only_for_dflash_drafters():
+    target = cached_target("qwen3")
+    drafter = make_drafter(target)
+    prompt = make_prompt(5)
+    with pytest.raises(ValueError, match="dflash_policy='fastest'.*'cost'.*'full'"):
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=4, dflash_policy="fastest")
+    with pytest.raises(ValueError, match="DFlash drafters only"):
+        target.generate(prompt, max_new_tokens=4, dflash_policy="cost")
