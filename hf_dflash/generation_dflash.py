@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import inspect
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -467,6 +468,8 @@ class CostTable:
 
 # (target, device, dtype, batch) -> CostTable, for the process: measured once, refined by every generate() call
 _COST_TABLES: dict[tuple, CostTable] = {}
+# drafter -> what the cost-aware policy learned of its acceptance, for the process (gone with the drafter)
+_POLICY_MEMORY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class CostAwarePolicy:
@@ -474,18 +477,27 @@ class CostAwarePolicy:
 
     expected tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, with a_i the acceptance rate at depth i given every earlier
     draft was accepted (counted as generation goes, decaying, from a 1/2 prior); seconds(k) = t(draft) + t(verify
-    of k + 1 rows) for k > 0, t(verify of 1 row) for k = 0. The first cycle of each call verifies a full block (it
+    of k + 1 rows) for k > 0, t(verify of 1 row) for k = 0. The first cycle with a drafter verifies a full block (it
     measures the drafter and a wide verify, and the acceptance at every depth); t(1) is measured by the first plain
-    step chosen. When plain steps win, a speculative cycle is still tried now and then (after 4 plain steps, then
+    step chosen. Acceptance statistics and the probing schedule carry over to the drafter's next calls. When plain steps win, a speculative cycle is still tried now and then (after 4 plain steps, then
     8, 16, ... up to 64) so a drafter that improves, or a costlier target, is noticed. Output never depends on k.
     """
 
-    def __init__(self, target, most: int):
+    REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles")
+
+    def __init__(self, target, most: int, memory: dict | None = None):
         self.target, self.most = target, most
         self.reached = [0.0] * most
         self.accepted = [0.0] * most
         self.plain_streak, self.probe_after = 0, 4
         self.cycles = 0
+        # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
+        self.memory = memory if memory is not None else {}
+        if self.memory.get("most") == most:
+            self.__dict__.update(self.memory["state"])
+
+    def _remember(self) -> None:
+        self.memory.update(most=self.most, state={name: getattr(self, name) for name in self.REMEMBERED})
 
     def table(self, batch: int, device) -> CostTable:
         key = (id(self.target), str(device), str(self.target.dtype), batch)
@@ -501,11 +513,13 @@ class CostAwarePolicy:
             for depth in range(min(n + 1, num_drafts)):
                 self.reached[depth] += 1.0
                 self.accepted[depth] += float(depth < n)
+        self._remember()
 
     def num_drafts(self, batch: int, device) -> int:
         table = self.table(batch, device)
         width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
         self.cycles += 1
+        self._remember()
         if self.cycles == 1 or table.draft is None or width(self.most + 1) not in table.verify:
             return self.most  # a call starts with a full block: its costs (once) and this drafter's acceptance
         # A plain step costs at most what the narrowest measured verify did: until one is measured, that bound
@@ -571,7 +585,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.num_assistant_tokens = min(most, generation_config.num_assistant_tokens or most)
         self.adaptive = generation_config.num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
         policy = call_option("dflash_policy") or ("full" if call_option("assistant_settings") else DEFAULT_POLICY)
-        self.policy = CostAwarePolicy(target, most) if policy == "cost" and not self.adaptive else None
+        memory = _POLICY_MEMORY.setdefault(drafter, {}) if policy == "cost" else None
+        self.policy = CostAwarePolicy(target, most, memory) if policy == "cost" and not self.adaptive else None
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
         self.cache = DynamicCache()
         self.cache_keyword = cache_argument(drafter)

@@ -132,3 +132,19 @@ def test_dflash_policy_is_checked_and_only_for_dflash_drafters():
         target.generate(prompt, assistant_model=drafter, max_new_tokens=4, dflash_policy="fastest")
     with pytest.raises(ValueError, match="DFlash drafters only"):
         target.generate(prompt, max_new_tokens=4, dflash_policy="cost")
+
+
+def test_later_calls_go_on_from_what_earlier_calls_learned():
+    """A drafter's second call does not start over with a full block when earlier calls showed drafting loses."""
+    target = cached_target("qwen3")
+    drafter = make_drafter(target, block_size=8)
+    prompt = make_prompt(9, seed=5)
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=40, dflash_policy="cost")
+    assert drafter.last_stats.drafts_per_cycle[0] == 7  # a new drafter: a full block first
+    table = CostTable()  # costs where these (random) drafts cannot pay: a CPU-like verify, a costly drafter
+    for width, seconds in {1: 0.010, 8: 0.015, 16: 0.020}.items():
+        table.observe_verify(width, seconds)
+    table.observe_draft(0.010)
+    _COST_TABLES[(id(target), "cpu", str(target.dtype), 1)] = table
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=40, dflash_policy="cost")
+    assert drafter.last_stats.drafts_per_cycle[0] == 0, drafter.last_stats.drafts_per_cycle
