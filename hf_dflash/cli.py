@@ -40,6 +40,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         text = action.help or ""
         if action.default is argparse.SUPPRESS or action.nargs == 0 or "default" in text or not action.option_strings:
             return text
+        if action.required:
+            return f"{text} (required)"
         return f"{text} (default: {'none' if action.default is None else '%(default)s'})"
 
 

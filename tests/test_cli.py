@@ -73,3 +73,26 @@ def test_bench_batch_sizes_reports_differing_outputs_and_bad_sizes(tiny_folder, 
     capsys.readouterr()
     assert cli.main(_bench_batch_sizes(tiny_folder, tmp_path, "1,9")) == 2  # 4 prompts in the pool
     assert "batch size 9 needs 9 prompts" in capsys.readouterr().err
+
+
+def test_help_shows_every_default_and_every_flag_has_help(capsys):
+    import argparse
+
+    import pytest
+
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        formatter = cli.HelpFormatter(prog=name)
+        for action in sub._actions:
+            if not action.option_strings or action.option_strings == ["-h", "--help"]:
+                continue
+            text = formatter._get_help_string(action)
+            assert action.help, f"{name} {action.option_strings[0]} has no help"
+            assert action.nargs == 0 or "default" in text or "(required)" in text, (name, action.option_strings, text)
+            assert ("(required)" in text) == bool(action.required), (name, action.option_strings, text)
+            assert "``" not in text
+        with pytest.raises(SystemExit):
+            cli.main([name, "--help"])
+        out = capsys.readouterr().out
+        assert "``" not in out and "%(default)" not in out
