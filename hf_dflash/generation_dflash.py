@@ -458,11 +458,9 @@ class CostTable:
         points = sorted(self.verify.items())
         if len(points) < 2:
             return points[0][1] if points else None
-        below = [p for p in points if p[0] < width][-1:] or points[:1]
-        above = [p for p in points if p[0] > width][:1] or points[-1:]
-        (x0, y0), (x1, y1) = (points[-2], points[-1]) if below == above == points[-1:] else (below[0], above[0])
-        if x0 == x1:
-            (x0, y0), (x1, y1) = points[0], points[1]
+        # the segment whose right end is the first measured width above `width` (the last segment past the end)
+        right = next((i for i, (x, _) in enumerate(points) if x > width), len(points) - 1)
+        (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
         return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
 
 
@@ -883,20 +881,24 @@ class _Rows:
         return self.histories[r][start:], stop is None
 
 
+def _holds_keys(layer) -> bool:
+    """Whether a cache layer keeps attention K/V slots (hybrid layers keep them beside their linear states)."""
+    return not isinstance(layer, LINEAR_ATTENTION_LAYERS) or hasattr(layer, "keys")
+
+
 def select_cache_rows(cache, rows: torch.Tensor) -> None:
     """Keep only batch `rows` of every layer of `cache`, linear-attention (recurrent / conv) states included."""
     for layer in getattr(cache, "layers", None) or [cache]:
         if isinstance(layer, LINEAR_ATTENTION_LAYERS):
             LINEAR_ATTENTION_LAYERS.reorder_cache(layer, rows)  # index_select of its states over the batch
-        if not isinstance(layer, LINEAR_ATTENTION_LAYERS) or hasattr(layer, "keys"):  # attention K/V (hybrid too)
+        if _holds_keys(layer):
             layer.batch_select_indices(rows)
 
 
 def cache_slots(cache) -> int | None:
     """Slots the target's cache holds (None for a cache of recurrent layers only, which has no slots: the loop needs
     the count only to lay out padding masks, and such a target is run with none in the middle)."""
-    if any(not isinstance(layer, LINEAR_ATTENTION_LAYERS) or hasattr(layer, "keys")
-           for layer in getattr(cache, "layers", [cache])):
+    if any(_holds_keys(layer) for layer in getattr(cache, "layers", [cache])):
         return cache.get_seq_length()
     return None
 
@@ -1074,7 +1076,7 @@ def dflash_decoding(
             )
             features = target_features(outputs.hidden_states, layer_ids)
             width = keep
-        target_seconds = _synchronized_clock(input_ids.device) - verified + (verified - drafted)
+        target_seconds = _synchronized_clock(input_ids.device) - drafted  # verify, accept and any re-advance
         generator.observe_costs(batch, input_ids.device, verify_width, target_seconds,
                                 drafted - tic if draft_scores is not None else None)
         running, committed = rows.commit(
