@@ -23,6 +23,7 @@ assistants (small LMs, prompt lookup, early exit) go to transformers untouched. 
 
 import contextlib
 import contextvars
+import copy
 import dataclasses
 import functools
 import inspect
@@ -39,7 +40,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .tree_dflash import TREE_BUDGET_KWARG, TreeVerifier, requested_tree_budget
+from .tree_dflash import TREE_BUDGET_KWARG, TreeVerifier, prompt_lookup_match, requested_tree_budget
 
 
 logger = logging.get_logger(__name__)
@@ -72,13 +73,15 @@ class DFlashStats:
 
     ``acceptance_lengths`` has one entry per verification: accepted drafts + 1 (the target's own token), so the
     mean is the paper's tau; ``drafts_per_cycle`` how many drafts each cycle verified (0: a plain target step, which
-    the cost-aware policy takes when speculation does not pay). Times are wall-clock seconds, the device
+    the cost-aware policy takes when speculation does not pay), ``lookup_cycles`` how many of those cycles verified
+    prompt-lookup drafts instead of the drafter's. Times are wall-clock seconds, the device
     synchronised around each timed step (so CUDA times are the work's, not its launch's).
     """
 
     block_size: int
     acceptance_lengths: list[int] = field(default_factory=list)
     drafts_per_cycle: list[int] = field(default_factory=list)
+    lookup_cycles: int = 0
     row_acceptance_lengths: list[list[int]] = field(default_factory=list)
     new_tokens: int = 0
     prefill_seconds: float = 0.0
@@ -226,6 +229,7 @@ def check_target_rewindable(target) -> None:
 
 DFLASH_POLICIES = ("cost", "full")
 DEFAULT_POLICY = "cost"  # when the caller sets neither dflash_policy nor transformers' draft-length settings
+DEFAULT_LOOKUP_TOKENS = 10  # the cost-aware policy's prompt-lookup source, unless prompt_lookup_num_tokens says
 
 
 def check_call_options(options: dict) -> None:
@@ -234,6 +238,10 @@ def check_call_options(options: dict) -> None:
     if policy is not None and policy not in DFLASH_POLICIES:
         raise ValueError(f"dflash_policy={policy!r}: use 'cost' (the default: choose the draft length from measured "
                          "costs, plain steps when speculation does not pay) or 'full' (verify the whole block).")
+    lookup = options.get("dflash_lookup")
+    if lookup is not None and not isinstance(lookup, bool):
+        raise ValueError(f"dflash_lookup={lookup!r}: True (the default: the cost-aware policy may verify prompt-lookup "
+                         "drafts instead of the drafter's) or False (drafter drafts only).")
 
 
 def _explicit_assistant_settings(args: tuple, kwargs: dict) -> bool:
@@ -471,28 +479,36 @@ _POLICY_MEMORY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class CostAwarePolicy:
-    """Chooses each cycle's draft count k (0 = a plain target step) to maximise expected committed tokens per second.
+    """Chooses each cycle's draft source and count k (0 = a plain target step) to maximise expected committed tokens
+    per second.
 
-    expected tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, with a_i the acceptance rate at depth i given every earlier
-    draft was accepted (counted as generation goes, decaying, from a 1/2 prior); seconds(k) = t(draft) + t(verify
-    of k + 1 rows) for k > 0, t(verify of 1 row) for k = 0. The first cycle with a drafter verifies a full block (it
-    measures the drafter and a wide verify, and the acceptance at every depth); t(1) is measured by the first plain
-    step chosen. Acceptance statistics and the probing schedule carry over to the drafter's next calls. When plain steps win, a speculative cycle is still tried now and then (after 4 plain steps, then
-    8, 16, ... up to 64) so a drafter that improves, or a costlier target, is noticed. Output never depends on k.
+    Two sources compete: the drafter's chain (seconds(k) = t(draft) + t(verify of k + 1 rows)) and, at batch size 1,
+    the prompt-lookup continuation of the text so far (transformers' prompt lookup: no drafter forward, so
+    seconds(k) = t(verify of k + 1 rows)); a plain step costs t(verify of 1 row). expected tokens(k) = 1 +
+    sum_{j<=k} prod_{i<=j} a_i, with a_i the acceptance rate at depth i given every earlier draft was accepted,
+    counted per source as generation goes (the lookup's per matched n-gram size), decaying, from a 1/2 prior. The
+    first cycle with a drafter verifies a full block (it measures the drafter and a wide verify, and the acceptance
+    at every depth); t(1) is measured by the first plain step chosen. When plain steps win, a drafter cycle is still
+    tried now and then (after 4 plain steps, then 8, 16, ... up to 64) so a drafter that improves, or a costlier
+    target, is noticed; the lookup's counts fade every cycle a continuation is offered, so it is retried too.
+    Statistics and the probing schedule carry over to the drafter's next calls. Output never depends on the choice.
     """
 
-    REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles")
+    REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
+                  "lookup_accepted")
 
     def __init__(self, target, most: int, memory: dict | None = None):
         self.target, self.most = target, most
         self.reached = [0.0] * most
         self.accepted = [0.0] * most
+        self.lookup_reached: dict[int, list[float]] = {}  # matched n-gram size -> counts by depth
+        self.lookup_accepted: dict[int, list[float]] = {}
         self.plain_streak, self.probe_after = 0, 4
         self.cycles = 0
         # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
         self.memory = memory if memory is not None else {}
         if self.memory.get("most") == most:
-            self.__dict__.update(self.memory["state"])
+            self.__dict__.update(copy.deepcopy(self.memory["state"]))
 
     def _remember(self) -> None:
         self.memory.update(most=self.most, state={name: getattr(self, name) for name in self.REMEMBERED})
@@ -502,45 +518,92 @@ class CostAwarePolicy:
         return _COST_TABLES.setdefault(key, CostTable())
 
     def acceptance_rates(self) -> list[float]:
-        return [(a + 1.0) / (r + 2.0) for a, r in zip(self.accepted, self.reached)]
+        return _rates(self.accepted, self.reached)
 
-    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
-        self.reached = [0.97 * r for r in self.reached]
-        self.accepted = [0.97 * a for a in self.accepted]
+    def lookup_rates(self, size: int, length: int) -> list[float]:
+        """Acceptance rates by depth of lookup continuations found by an n-gram of `size`, for `length` depths, from
+        a sceptical 1/4 prior (most text does not repeat; a drafter that has been right must not lose its cycles to
+        an untried lookup)."""
+        rates = _rates(self.lookup_accepted.get(size, []), self.lookup_reached.get(size, []), prior=0.25)[:length]
+        return rates + [0.25] * (length - len(rates))
+
+    def observe_acceptance(self, num_drafts: int, accepted: list[int], lookup_size: int = 0) -> None:
+        """Count one verification of `num_drafts` drafts per row (`accepted`: accepted drafts per row); from the
+        drafter, or from a prompt lookup whose n-gram of `lookup_size` tokens matched."""
+        if lookup_size:
+            reached = self.lookup_reached.setdefault(lookup_size, [])
+            hits = self.lookup_accepted.setdefault(lookup_size, [])
+            grow = max(0, num_drafts - len(reached))
+            reached.extend([0.0] * grow)
+            hits.extend([0.0] * grow)
+        else:
+            reached, hits = self.reached, self.accepted
+        reached[:] = [0.97 * r for r in reached]
+        hits[:] = [0.97 * a for a in hits]
         for n in accepted:
             for depth in range(min(n + 1, num_drafts)):
-                self.reached[depth] += 1.0
-                self.accepted[depth] += float(depth < n)
+                reached[depth] += 1.0
+                hits[depth] += float(depth < n)
         self._remember()
 
-    def num_drafts(self, batch: int, device) -> int:
+    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0) -> tuple[int, bool]:
+        """(draft count k, whether the drafts come from the prompt lookup) for the next cycle; `lookup_length`
+        tokens of lookup continuation are on offer (0: none), found by an n-gram of `lookup_size` tokens."""
         table = self.table(batch, device)
         width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
         self.cycles += 1
+        self._fade_lookup(lookup_size)
         self._remember()
         if self.cycles == 1 or table.draft is None or width(self.most + 1) not in table.verify:
-            return self.most  # a call starts with a full block: its costs (once) and this drafter's acceptance
+            return self.most, False  # a call starts with a full block: its costs (once) and this drafter's acceptance
         # A plain step costs at most what the narrowest measured verify did: until one is measured, that bound
         # favours drafting, so a good drafter is never interrupted just to measure plain decoding.
         plain = table.verify.get(1, min(table.verify.values()))
-        rates, expected, reach = self.acceptance_rates(), 1.0, 1.0
-        best_k, best_speed, best_drafting = 0, 1.0 / plain, (0, 0.0)
-        for k in range(1, self.most + 1):
-            reach *= rates[k - 1]
-            expected += reach
-            speed = expected / (table.draft + table.verify_seconds(width(k + 1)))
-            if speed > best_drafting[1]:
-                best_drafting = (k, speed)
-        if best_drafting[1] > best_speed:
-            best_k = best_drafting[0]
-        if best_k > 0:
+        drafting = best_draft_count(self.acceptance_rates(), lambda k: table.draft + table.verify_seconds(width(k + 1)))
+        choice, speed = (drafting[0], False), drafting[1]
+        if lookup_length:
+            k, lookup_speed = best_draft_count(self.lookup_rates(lookup_size, lookup_length),
+                                               lambda k: table.verify_seconds(width(k + 1)))
+            if lookup_speed > speed:
+                choice, speed = (k, True), lookup_speed
+        if speed > 1.0 / plain:
             self.plain_streak, self.probe_after = 0, 4
-            return best_k
+            return choice
         self.plain_streak += 1
         if self.plain_streak < self.probe_after:
-            return 0
+            return 0, False
         self.plain_streak, self.probe_after = 0, min(64, 2 * self.probe_after)
-        return best_drafting[0]
+        return drafting[0], False
+
+    def _fade_lookup(self, size: int) -> None:
+        # Offered but (maybe) not taken: the counts shrink towards the prior, so a lookup source that looked poor is
+        # tried again after a while (copy-heavy passages come and go).
+        if size in self.lookup_reached:
+            self.lookup_reached[size] = [0.98 * r for r in self.lookup_reached[size]]
+            self.lookup_accepted[size] = [0.98 * a for a in self.lookup_accepted[size]]
+
+
+def _rates(accepted: list[float], reached: list[float], prior: float = 0.5) -> list[float]:
+    return [(a + 2.0 * prior) / (r + 2.0) for a, r in zip(accepted, reached)]
+
+
+def best_draft_count(rates: list[float], seconds) -> tuple[int, float]:
+    """(k, expected tokens per second) of the best draft count k >= 1 for acceptance `rates` by depth and the
+    `seconds(k)` a cycle of k drafts costs.
+
+    Example:
+        >>> k, speed = best_draft_count([0.9, 0.9, 0.1], lambda k: 1.0 + 0.1 * k)
+        >>> k, round(speed, 3)
+        (2, 2.258)
+    """
+    best, expected, reach = (0, 0.0), 1.0, 1.0
+    for k, rate in enumerate(rates, 1):
+        reach *= rate
+        expected += reach
+        speed = expected / seconds(k)
+        if speed > best[1]:
+            best = (k, speed)
+    return best
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -585,6 +648,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
         policy = call_option("dflash_policy") or ("full" if call_option("assistant_settings") else DEFAULT_POLICY)
         memory = _POLICY_MEMORY.setdefault(drafter, {}) if policy == "cost" else None
         self.policy = CostAwarePolicy(target, most, memory) if policy == "cost" and not self.adaptive else None
+        # The prompt-lookup source of the cost-aware policy (batch size 1): up to this many tokens that followed the
+        # last earlier occurrence of the text's final n-gram (None: off)
+        lookup = call_option("dflash_lookup", True)
+        self.lookup_tokens = (generation_config.prompt_lookup_num_tokens or DEFAULT_LOOKUP_TOKENS) if lookup else None
+        self.lookup_ngram = generation_config.max_matching_ngram_size or 2
+        self.lookup_size, self.drafter_ran = 0, False  # where the last candidates came from
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
         self.cache = DynamicCache()
         self.cache_keyword = cache_argument(drafter)
@@ -624,17 +693,34 @@ class DFlashCandidateGenerator(CandidateGenerator):
             cached, length = self.cache.get_seq_length(), input_ids.shape[1]
             context_positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
             anchor_positions = torch.tensor([length - 1], device=input_ids.device)
-        num_drafts = self.num_assistant_tokens
+        num_drafts, lookup, size = self.num_assistant_tokens, [], 0
+        self.lookup_size, self.drafter_ran = 0, False
+        room = None if self.max_length is None else self.max_length - min(len(h) for h in histories) - 1
         if self.policy is not None:
-            num_drafts = min(num_drafts, self.policy.num_drafts(len(histories), input_ids.device))
-        if self.max_length is not None:
-            num_drafts = min(num_drafts, self.max_length - min(len(h) for h in histories) - 1)
+            if self.lookup_tokens and len(histories) == 1:
+                lookup, size = prompt_lookup_match(histories[0], self.lookup_tokens, self.lookup_ngram,
+                                                   min(2, self.lookup_ngram))  # a lone token's match rarely holds
+                lookup = lookup if room is None else lookup[: max(room, 0)]
+            chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size)
+            num_drafts = min(num_drafts, chosen)
+            if from_lookup:
+                self.lookup_size = size
+                drafts = input_ids.new_tensor(lookup[:chosen])[None]
+                return torch.cat([input_ids, drafts], dim=1), self._point_mass_scores(drafts)
+        if room is not None:
+            num_drafts = min(num_drafts, room)
         if num_drafts <= 0:
             return input_ids, None
         drafts, scores = self.propose(
             histories, context_hidden_states, context_positions, anchor_positions, slot_mask, num_drafts
         )
+        self.drafter_ran = True
         return torch.cat([input_ids, drafts], dim=1), scores
+
+    def _point_mass_scores(self, drafts):
+        # Lookup drafts are proposed with certainty: q is a point mass on each (speculative sampling stays exact).
+        scores = torch.full((*drafts.shape, self.lm_head.weight.shape[0]), float("-inf"), device=drafts.device)
+        return scores.scatter_(2, drafts[..., None], 0.0)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         """Adapt ``self.num_assistant_tokens`` after a verification (heuristic schedules only).
@@ -644,7 +730,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         """
         num_drafts = scores.shape[1] - 1
         if self.policy is not None:
-            self.policy.observe_acceptance(num_drafts, torch.as_tensor(num_matches).reshape(-1).tolist())
+            self.policy.observe_acceptance(num_drafts, torch.as_tensor(num_matches).reshape(-1).tolist(),
+                                           self.lookup_size)
         if not self.adaptive or num_drafts == 0:
             return
         if bool((torch.as_tensor(num_matches) == num_drafts).all()):
@@ -1005,6 +1092,14 @@ def dflash_decoding(
     )
     if tree is not None:
         generator.policy = None  # trees draft whole blocks: the cost-aware policy chooses chain lengths only
+    elif config.prompt_lookup_num_tokens and (generator.policy is None or not generator.lookup_tokens):
+        raise ValueError(
+            f"prompt_lookup_num_tokens={config.prompt_lookup_num_tokens} with a DFlash drafter is the length of its "
+            f"prompt-lookup drafts: they compete with the drafter's under the default dflash_policy='cost' (with "
+            f"dflash_lookup on), or form one more branch of a tree ({TREE_BUDGET_KWARG}=16). This call has neither "
+            "(dflash_policy='full', num_assistant_tokens settings or dflash_lookup=False): drop one, or drop "
+            "assistant_model for prompt lookup decoding alone."
+        )
 
     # 1. prefill: the target reads the prompts and chooses the first new token alone
     rows = _Rows.for_prompts(input_ids, model_kwargs.get("attention_mask"))
@@ -1029,10 +1124,11 @@ def dflash_decoding(
             rows.anchors(), rows.features, histories=rows.histories, context_positions=rows.feature_positions,
             anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
         )
-        drafts = candidates[:, 1:]
+        drafts, drafter_ran = candidates[:, 1:], generator.drafter_ran
         drafted = _synchronized_clock(input_ids.device)
         stats.draft_seconds += drafted - tic
-        if tree is not None and draft_scores is not None:
+        stats.lookup_cycles += int(generator.lookup_size > 0)
+        if tree is not None and drafter_ran:
             running = tree.cycle(rows, cache, draft_scores, stats, recorder, streamer)
             continue
 
@@ -1078,10 +1174,10 @@ def dflash_decoding(
             width = keep
         target_seconds = _synchronized_clock(input_ids.device) - drafted  # verify, accept and any re-advance
         generator.observe_costs(batch, input_ids.device, verify_width, target_seconds,
-                                drafted - tic if draft_scores is not None else None)
+                                drafted - tic if drafter_ran else None)
         running, committed = rows.commit(
             accepted, tokens, processed, features, positions[:, :width], cache, cached, stopping_criteria,
-            drafter_read=draft_scores is not None,
+            drafter_read=drafter_ran,
         )
         if len(committed) == 1:
             recorder.add(outputs, raw, processed, len(committed[0]), prefill=False, kv_length=cached)
@@ -1131,7 +1227,7 @@ def _right_padded(histories: list[torch.Tensor], config) -> torch.Tensor:
 # routing
 # generate() keyword arguments of our own (transformers would refuse them as unused model kwargs): taken out of the
 # call by the routing and read by dflash_decoding for that call.
-DFLASH_GENERATE_KWARGS = ("dflash_policy", "dflash_tree_budget")
+DFLASH_GENERATE_KWARGS = ("dflash_policy", "dflash_tree_budget", "dflash_lookup")
 _call_options: contextvars.ContextVar[dict] = contextvars.ContextVar("hf_dflash_call_options", default={})
 
 

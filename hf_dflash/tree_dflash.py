@@ -49,7 +49,7 @@ _SLIDING_WINDOW_LAYERS = tuple(
 # config attribute
 def requested_tree_budget(generation_config, budget=None):
     """`budget` (the generate() argument) if given, else ``generation_config.dflash_tree_budget``; None: chain.
-    Refuses ``prompt_lookup_num_tokens`` (the n-gram branch) without a tree.
+    Checks ``prompt_lookup_num_tokens`` (the n-gram branch's length) too.
 
     Example:
         >>> from transformers import GenerationConfig
@@ -58,12 +58,6 @@ def requested_tree_budget(generation_config, budget=None):
     """
     budget = budget if budget is not None else getattr(generation_config, TREE_BUDGET_KWARG, None)
     lookup = getattr(generation_config, "prompt_lookup_num_tokens", None)
-    if budget is None and lookup is not None:
-        raise ValueError(
-            f"prompt_lookup_num_tokens={lookup} with a DFlash drafter adds the prompt-lookup continuation as one more "
-            f"branch of a tree of drafts: set {TREE_BUDGET_KWARG} too (e.g. 16), or drop assistant_model for prompt "
-            "lookup decoding alone."
-        )
     if lookup is not None and (not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 1):
         raise ValueError(f"prompt_lookup_num_tokens={lookup!r}: the n-gram branch's length must be an int >= 1.")
     return budget
@@ -256,14 +250,29 @@ def prompt_lookup(history: torch.Tensor, num_tokens: int, max_ngram: int = 2) ->
         >>> prompt_lookup(torch.tensor([1, 2, 3]), num_tokens=3)
         []
     """
+    return prompt_lookup_match(history, num_tokens, max_ngram)[0]
+
+
+def prompt_lookup_match(history: torch.Tensor, num_tokens: int, max_ngram: int = 2,
+                        min_ngram: int = 1) -> tuple[list[int], int]:
+    """(:func:`prompt_lookup`'s continuation, the size of the n-gram that matched; 0 when none did), trying n-gram
+    sizes down to `min_ngram`. The size tells how much to trust the continuation: the cost-aware policy keeps
+    acceptance statistics per size.
+
+    Example:
+        >>> prompt_lookup_match(torch.tensor([5, 6, 7, 8, 9, 1, 5, 6]), num_tokens=2)
+        ([7, 8], 2)
+        >>> prompt_lookup_match(torch.tensor([5, 6, 7, 5]), num_tokens=2, min_ngram=2)
+        ([], 0)
+    """
     length = len(history)
-    for size in range(min(max_ngram, length - 1), 0, -1):
+    for size in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         windows = history.unfold(0, size, 1)
         starts = ((windows == history[-size:]).all(dim=1).nonzero().flatten() + size).tolist()
         start = next((i for i in starts if i < length), None)
         if start is not None:
-            return history[start : min(start + num_tokens, length)].tolist()
-    return []
+            return history[start : min(start + num_tokens, length)].tolist(), size
+    return [], 0
 
 
 # ----------------------------------------------------------------------------------------------------------------------

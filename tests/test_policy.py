@@ -2,6 +2,8 @@
 """The cost-aware draft length (the default policy): its choices from measured costs and acceptance, plain target
 steps whose features still reach the drafter, and output identical to plain generate() whatever it chooses."""
 
+import contextlib
+
 import pytest
 import torch
 from conftest import LIBRARY_DEFAULT_POLICY, cached_target, make_drafter, make_prompt, new_tokens, plain_generate
@@ -30,28 +32,28 @@ def policy_with(verify: dict, draft: float, rate: float, most: int = 15) -> Cost
 
 def test_a_weak_drafter_gets_plain_steps_and_is_probed_now_and_then():
     policy = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)  # CPU-like: verify 16 = 2 x t(1)
-    choices = [policy.num_drafts(1, "cpu") for _ in range(40)]
+    choices = [policy.choose(1, "cpu")[0] for _ in range(40)]
     assert choices[:3] == [0, 0, 0]
     probes = [i for i, k in enumerate(choices) if k > 0]
     assert probes[:3] == [3, 11, 27]  # after 4, then 8, then 16 plain steps
-    assert CostAwarePolicy(cached_target("qwen3"), 15).num_drafts(1, "cpu") == 15  # a call's first cycle
+    assert CostAwarePolicy(cached_target("qwen3"), 15).choose(1, "cpu")[0] == 15  # a call's first cycle
     assert all(k <= 2 for k in choices)  # a probe asks for what could pay: few drafts
 
 
 def test_a_good_drafter_verifies_long_chains_and_flat_costs_favour_longer_ones():
     cpu = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.9)
     gpu = policy_with({1: 0.010, 16: 0.0105}, draft=0.002, rate=0.9)
-    assert cpu.num_drafts(1, "cpu") >= 8
-    assert gpu.num_drafts(1, "cpu") == 15  # a flat verify cost: every extra draft is nearly free
+    assert cpu.choose(1, "cpu")[0] >= 8
+    assert gpu.choose(1, "cpu")[0] == 15  # a flat verify cost: every extra draft is nearly free
     middling = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.6)
-    assert 0 < middling.num_drafts(1, "cpu") < 15  # costs grow with width: stop where the next draft stops paying
+    assert 0 < middling.choose(1, "cpu")[0] < 15  # costs grow with width: stop where the next draft stops paying
 
 
 def test_unmeasured_costs_start_with_a_full_block():
     target = cached_target("llama")
     for key in [k for k in _COST_TABLES if k[0] == id(target)]:
         del _COST_TABLES[key]
-    assert CostAwarePolicy(target, 7).num_drafts(1, "cpu") == 7
+    assert CostAwarePolicy(target, 7).choose(1, "cpu")[0] == 7
 
 
 def test_interpolated_verify_costs():
@@ -93,18 +95,21 @@ def test_default_policy_in_a_left_padded_batch_and_with_sampling():
     assert sampled.tolist() == expected.tolist()
 
 
-def test_plain_steps_still_feed_the_drafter_every_position():
-    """When the policy takes plain steps, the features of those positions must reach the drafter's cache before it
-    drafts again: every drafting call's context covers exactly the positions before its anchor."""
+@pytest.mark.parametrize("lookups", [False, True])
+def test_plain_steps_still_feed_the_drafter_every_position(lookups):
+    """When the policy takes plain steps (or verifies lookup drafts), the features of those positions must reach the
+    drafter's cache before it drafts again: every drafting call's context covers exactly the positions before its
+    anchor."""
     target = cached_target("qwen3")
     drafter = make_drafter(target, block_size=6)
-    prompt = make_prompt(10, seed=4)
+    prompt = copy_prompt(4) if lookups else make_prompt(10, seed=4)
     checks = []
     original = DFlashCandidateGenerator.propose
     schedule = iter([0, 0, 5, 0, 5, 0, 0, 0, 5] + [5] * 20)  # (the first cycle is the prefill's; then these)
 
-    def num_drafts(self, batch, device):
-        return next(schedule)
+    def choose(self, batch, device, lookup_length=0, lookup_size=0):
+        k = next(schedule)
+        return (lookup_length, True) if lookups and k == 0 and lookup_length else (k, False)
 
     def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
         cached = self.cache.get_seq_length()
@@ -112,15 +117,18 @@ def test_plain_steps_still_feed_the_drafter_every_position():
                        context_positions[0].tolist() == list(range(cached, int(anchor_positions[0])))))
         return original(self, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
 
-    saved = CostAwarePolicy.num_drafts
-    CostAwarePolicy.num_drafts, DFlashCandidateGenerator.propose = num_drafts, propose
+    saved = CostAwarePolicy.choose
+    CostAwarePolicy.choose, DFlashCandidateGenerator.propose = choose, propose
     try:
         got = target.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False,
-                              dflash_policy="cost")
+                              dflash_policy="cost", dflash_lookup=lookups)
     finally:
-        CostAwarePolicy.num_drafts, DFlashCandidateGenerator.propose = saved, original
+        CostAwarePolicy.choose, DFlashCandidateGenerator.propose = saved, original
     assert got.tolist() == plain_generate(target, prompt, max_new_tokens=30).tolist()
-    assert drafter.last_stats.drafts_per_cycle[:3] == [0, 0, 5]
+    if lookups:
+        assert drafter.last_stats.lookup_cycles >= 2
+    else:
+        assert drafter.last_stats.drafts_per_cycle[:3] == [0, 0, 5]
     assert checks and all(total == anchor and contiguous for total, anchor, contiguous in checks), checks
 
 
@@ -148,3 +156,94 @@ def test_later_calls_go_on_from_what_earlier_calls_learned():
     _COST_TABLES[(id(target), "cpu", str(target.dtype), 1)] = table
     target.generate(prompt, assistant_model=drafter, max_new_tokens=40, dflash_policy="cost")
     assert drafter.last_stats.drafts_per_cycle[0] == 0, drafter.last_stats.drafts_per_cycle
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the prompt-lookup source: drafts copied from earlier text, verified without a drafter forward (batch size 1)
+def copy_prompt(seed: int = 1) -> torch.Tensor:
+    """A prompt that repeats itself: prompt lookup finds continuations in it."""
+    base = make_prompt(12, seed=seed)
+    return torch.cat([base, base, base[:, :4]], dim=1)
+
+
+def test_lookup_drafts_win_where_they_are_accepted_and_give_way_where_they_are_not():
+    weak = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)
+    weak.lookup_reached[2], weak.lookup_accepted[2] = [50.0] * 10, [45.0] * 10  # lookups of 2-grams held 90%
+    k, from_lookup = weak.choose(1, "cpu", lookup_length=10, lookup_size=2)
+    assert from_lookup and k >= 5
+    assert weak.choose(1, "cpu", lookup_length=3, lookup_size=2) == (3, True)  # no more than is on offer
+    assert weak.choose(1, "cpu") == (0, False)  # nothing on offer: the weak drafter loses to a plain step
+    strong = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.95)
+    assert strong.choose(1, "cpu", lookup_length=10, lookup_size=2) == (15, False)  # untried lookups: the drafter
+    failing = policy_with({1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)
+    failing.lookup_reached[2], failing.lookup_accepted[2] = [50.0] * 10, [0.0] * 10
+    choices = [failing.choose(1, "cpu", lookup_length=10, lookup_size=2)[1] for _ in range(200)]
+    assert not any(choices[:40]) and any(choices), "a failing lookup must give way, then be tried again"
+
+
+def forced_lookups(monkeypatch):
+    """Every cycle with a lookup continuation on offer verifies all of it; the drafter drafts full blocks otherwise."""
+    def choose(self, batch, device, lookup_length=0, lookup_size=0):
+        return (lookup_length, True) if lookup_length else (self.most, False)
+
+    monkeypatch.setattr(CostAwarePolicy, "choose", choose)
+
+
+@pytest.mark.parametrize("kind", ["random", "oracle", "noisy"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_lookup_drafts_are_lossless(arch, kind, monkeypatch):
+    target = cached_target(arch)
+    drafter = make_drafter(target, block_size=8)
+    for prompt in (copy_prompt(1), copy_prompt(2), make_prompt(9, seed=3)):
+        expected = plain_generate(target, prompt, max_new_tokens=40)
+        for forced in (False, True):
+            with monkeypatch.context() as patch:
+                if forced:
+                    forced_lookups(patch)
+                with scripted_drafts(new_tokens(expected, prompt), corrupt=0.3) if kind == "noisy" else \
+                        scripted_drafts(new_tokens(expected, prompt)) if kind == "oracle" else contextlib.nullcontext():
+                    got = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, dflash_policy="cost",
+                                          prompt_lookup_num_tokens=12)
+            assert got.tolist() == expected.tolist(), (kind, forced)
+            if forced and prompt.shape[1] > 9:
+                assert drafter.last_stats.lookup_cycles > 0
+
+
+def test_lookup_drafts_are_what_prompt_lookup_finds(monkeypatch):
+    """On a prompt that repeats, lookup drafts are accepted: more tokens per verification than the random drafter
+    gets alone, with cycles longer than its block."""
+    target, prompt = cached_target("qwen3"), copy_prompt(1)
+    drafter = make_drafter(target, block_size=4)
+    expected = plain_generate(target, prompt, max_new_tokens=40)
+    forced_lookups(monkeypatch)
+    got = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, dflash_policy="cost",
+                          prompt_lookup_num_tokens=10)
+    assert got.tolist() == expected.tolist()
+    with_lookup = drafter.last_stats
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=40, dflash_policy="full")
+    assert with_lookup.mean_acceptance_length > 1.5 * drafter.last_stats.mean_acceptance_length
+    assert max(with_lookup.acceptance_lengths) > 4
+
+
+@pytest.mark.parametrize("max_new_tokens", [2, 5, 9, 14, 23])
+def test_eos_and_max_length_inside_lookup_drafts(monkeypatch, max_new_tokens):
+    target, prompt = cached_target("qwen3"), copy_prompt(1)
+    drafter = make_drafter(target, block_size=8)
+    reference = new_tokens(plain_generate(target, prompt, max_new_tokens=40), prompt).tolist()
+    eos = next(t for i, t in enumerate(reference) if i >= 3 and t not in reference[:i])
+    forced_lookups(monkeypatch)
+    for kwargs in (dict(max_new_tokens=max_new_tokens), dict(max_new_tokens=40, eos_token_id=eos)):
+        expected = plain_generate(target, prompt, **kwargs)
+        got = target.generate(prompt, assistant_model=drafter, dflash_policy="cost", prompt_lookup_num_tokens=10,
+                              **kwargs)
+        assert got.tolist() == expected.tolist(), kwargs
+
+
+def test_dflash_lookup_is_checked_and_turns_lookups_off(monkeypatch):
+    target, prompt = cached_target("qwen3"), copy_prompt(1)
+    drafter = make_drafter(target, block_size=8)
+    with pytest.raises(ValueError, match="dflash_lookup='yes'.*True.*False"):
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=4, dflash_lookup="yes")
+    forced_lookups(monkeypatch)
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=30, dflash_policy="cost", dflash_lookup=False)
+    assert drafter.last_stats.lookup_cycles == 0

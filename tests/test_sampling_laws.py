@@ -22,7 +22,7 @@ import torch
 from conftest import P_THRESHOLD, cached_target, chi_square_pvalue, left_padded
 
 import hf_dflash
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.generation_dflash import CostAwarePolicy, DFlashCandidateGenerator
 
 VOCAB = 8
 NEW = 5  # new tokens checked: the prefill's token, then cycles of up to 3 drafts with block 4 (several cycles)
@@ -289,6 +289,39 @@ def test_batch_one_battery_rejects_a_wrong_residual(monkeypatch):
     law = exact_law(target, prompt)
     plant(monkeypatch, "resample_from_p")
     counts, _ = sample_one(target, law_drafter(target), prompt, calls=400, seed=1)
+    bad, detail = rejected(counts, law)
+    assert bad, detail
+
+
+# prompt-lookup drafts (the cost-aware policy's other source): a point-mass proposal of tokens copied from the text
+REPEATING_PROMPT = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7]])  # every token has a continuation
+
+
+def sample_with_lookups(monkeypatch, calls: int, seed: int):
+    """Batch-1 samples where every cycle with a lookup continuation on offer verifies it (the drafter otherwise)."""
+    def choose(self, batch, device, lookup_length=0, lookup_size=0):
+        return (lookup_length, True) if lookup_length else (self.most, False)
+
+    monkeypatch.setattr(CostAwarePolicy, "choose", choose)
+    target = law_target()
+    return sample_one(target, law_drafter(target), REPEATING_PROMPT, calls=calls, seed=seed, dflash_policy="cost",
+                      prompt_lookup_num_tokens=3, max_matching_ngram_size=1)
+
+
+def test_lookup_drafts_follow_the_law_at_batch_one(monkeypatch):
+    counts, stats = sample_with_lookups(monkeypatch, calls=500, seed=6)
+    assert sum(s.lookup_cycles for s in stats) >= 2 * len(stats)  # most cycles verify lookup drafts
+    lengths = collections.Counter(all_lengths(stats))
+    assert lengths[1] > 0 and sum(n for a, n in lengths.items() if a >= 3) > 0, lengths  # rejections and chains
+    assert_follows(counts, exact_law(law_target(), REPEATING_PROMPT), "prompt-lookup drafts")
+
+
+def test_lookup_battery_rejects_a_wrong_proposal_law(monkeypatch):
+    """Lookup drafts judged as if drawn from a uniform q (instead of the point mass they are) must be caught."""
+    law = exact_law(law_target(), REPEATING_PROMPT)
+    monkeypatch.setattr(DFlashCandidateGenerator, "_point_mass_scores",
+                        lambda self, drafts: torch.zeros(*drafts.shape, VOCAB))
+    counts, _ = sample_with_lookups(monkeypatch, calls=400, seed=6)
     bad, detail = rejected(counts, law)
     assert bad, detail
 

@@ -394,10 +394,16 @@ def test_eos_and_max_length_inside_the_ngram_branch(qwen3_target, max_new_tokens
         assert_same(got, expected)
 
 
-def test_ngram_branch_needs_a_tree(qwen3_target):
+def test_ngram_drafts_need_a_tree_or_the_cost_aware_policy(qwen3_target):
     drafter = make_drafter(qwen3_target, 8)
-    with pytest.raises(ValueError, match="prompt_lookup_num_tokens.*set dflash_tree_budget"):
-        qwen3_target.generate(copy_prompt(), assistant_model=drafter, prompt_lookup_num_tokens=10, max_new_tokens=5)
+    for settings in (dict(dflash_policy="full"), dict(num_assistant_tokens=4), dict(dflash_lookup=False)):
+        with pytest.raises(ValueError, match="prompt_lookup_num_tokens=10.*dflash_policy='cost'.*dflash_tree_budget"):
+            qwen3_target.generate(copy_prompt(), assistant_model=drafter, prompt_lookup_num_tokens=10,
+                                  max_new_tokens=5, **settings)
+    expected = plain_generate(qwen3_target, copy_prompt(), max_new_tokens=5)
+    got = qwen3_target.generate(copy_prompt(), assistant_model=drafter, prompt_lookup_num_tokens=10,
+                                max_new_tokens=5, dflash_policy="cost")
+    assert_same(got, expected)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
