@@ -51,6 +51,10 @@ class DFlashConfig(Qwen3Config):
         layer_types (`list[str]`, *optional*) and sliding_window (`int`, *optional*):
             ``"sliding_attention"`` layers attend only to keys within ``sliding_window`` positions of each query
             (context and block alike), in inference and in training.
+        draft_vocab_size (`int`, *optional*):
+            Drafts are chosen among this many target tokens only (EAGLE-3 style ``d2t`` buffer in the weights:
+            draft index i is target token ``i + d2t[i]``), which cuts the drafter's LM head; None (the z-lab
+            layout): the whole vocabulary.
 
     Example:
         >>> from hf_dflash import DFlashConfig
@@ -72,6 +76,7 @@ class DFlashConfig(Qwen3Config):
         num_target_layers: int | None = None,
         layer_fusion: bool | None = None,
         split_context_kv: bool | None = None,
+        draft_vocab_size: int | None = None,
         dflash_config: dict | None = None,
         **kwargs,
     ):
@@ -89,6 +94,7 @@ class DFlashConfig(Qwen3Config):
         self.num_target_layers = num_target_layers
         self.layer_fusion = is_dflare if layer_fusion is None else bool(layer_fusion)
         self.split_context_kv = is_dflare if split_context_kv is None else bool(split_context_kv)
+        self.draft_vocab_size = int(draft_vocab_size) if draft_vocab_size else None
         self.extra_dflash_config = nested  # unknown nested keys survive a round trip
         kwargs.setdefault("architectures", architectures)
         window = kwargs.get("sliding_window")
@@ -121,6 +127,8 @@ class DFlashConfig(Qwen3Config):
         for key in ("layer_fusion", "split_context_kv"):
             if output.get(key) == (DFLARE_ARCHITECTURE in output["architectures"]):
                 output.pop(key)
+        if output.get("draft_vocab_size") is None:
+            output.pop("draft_vocab_size", None)
         return output
 
 

@@ -659,6 +659,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.cache_keyword = cache_argument(drafter)
         mask_ids = torch.full((1, most), drafter.config.mask_token_id)
         self.mask_embeds = self._embed(mask_ids)
+        # A draft vocabulary: the LM head's rows for those tokens, gathered once (on a CPU the head is mostly the
+        # cost of reading its weights)
+        self.draft_ids = drafter.draft_token_ids()
+        if self.draft_ids is not None:
+            self.draft_ids = self.draft_ids.to(self.lm_head.weight.device)
+            self.draft_head = self.lm_head.weight[self.draft_ids]
 
     def _embed(self, ids):
         weight = self.input_embeddings.weight
@@ -778,8 +784,19 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.cache.crop(-self.block_size)  # keep the context K/V only
         rows = gemm_friendly_rows(num_drafts + 1, device, batch)
         hidden = hidden[:, :rows].to(self.lm_head.weight.device)
-        logits = self.lm_head(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
+        logits = self.draft_logits(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
         return self._choose(histories, logits)
+
+    def draft_logits(self, hidden):
+        """The target LM head's logits for drafter `hidden` states; with a draft vocabulary, only its tokens get
+        finite logits (-inf elsewhere: never proposed, and q = 0 there for speculative sampling)."""
+        if self.draft_ids is None:
+            return self.lm_head(hidden)
+        partial = hidden @ self.draft_head.T
+        if getattr(self.lm_head, "bias", None) is not None:
+            partial = partial + self.lm_head.bias[self.draft_ids]
+        logits = partial.new_full((*partial.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
+        return logits.index_copy_(-1, self.draft_ids, partial)
 
     def _choose(self, histories, logits):
         """Pick draft tokens; vectorised unless a processor depends on the drafts chosen before it.

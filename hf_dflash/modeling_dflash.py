@@ -182,9 +182,41 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config=config)
+        if config.draft_vocab_size:  # EAGLE-3's layout: draft index i is target token i + d2t[i]
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.gradient_checkpointing = False
         self.last_stats = None  # filled by every generate() call that uses this drafter
         self.post_init()
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # draft vocabulary
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """The target token ids drafts are chosen from (sorted), or None: the whole vocabulary."""
+        if not self.config.draft_vocab_size:
+            return None
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def set_draft_vocabulary(self, token_ids: torch.Tensor | list[int] | None) -> None:
+        """Draft among `token_ids` only (e.g. the most frequent tokens of the training responses), or among the whole
+        vocabulary again (None). Lossless either way: the target still verifies every draft; tokens outside the set
+        are simply never proposed. Saved with the checkpoint (``draft_vocab_size`` + a ``d2t`` buffer).
+
+        Example:
+            >>> drafter.set_draft_vocabulary(frequent_ids)  # doctest: +SKIP
+            >>> drafter.save_pretrained("my-drafter")       # config.draft_vocab_size, d2t in the weights  # doctest: +SKIP
+        """
+        if token_ids is None:
+            self.config.draft_vocab_size = None
+            self._buffers.pop("d2t", None)
+            return
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique(sorted=True)
+        vocab = self.config.vocab_size
+        if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= vocab:
+            raise ValueError(f"A draft vocabulary needs token ids in [0, {vocab}) (the target's vocab_size); got "
+                             f"{len(ids)} ids" + (f" from {int(ids[0])} to {int(ids[-1])}." if len(ids) else "."))
+        self.config.draft_vocab_size = len(ids)
+        device = self.fc.weight.device if self.fc is not None else self.norm.weight.device
+        self.register_buffer("d2t", (ids - torch.arange(len(ids))).to(device))
 
     # ----------------------------------------------------------------------------------------------------------------
     # forward

@@ -108,6 +108,7 @@ recipe_flags() {
     vocab8k-s1k) echo "--block-size 16 --train-vocab-size 8192 --train-vocab-sampled 1024" ;;
     init-target) echo "--block-size 16 --init-from-target" ;;
     block8) echo "--block-size 8" ;;
+    combo) echo "--block-size 16 --distill-weight 0.5 --train-vocab-size 8192 --train-vocab-sampled 1024 --init-from-target" ;;
     *) echo "unknown recipe $1" >&2; exit 2 ;;
   esac
 }

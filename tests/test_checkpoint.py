@@ -256,3 +256,55 @@ def test_broken_checkpoints_raise_clear_errors(saved, tmp_path):
     (not_dflash / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="DFlash2DraftModel"):
         DFlashDraftModel.from_pretrained(not_dflash)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# an optional draft vocabulary (EAGLE-3-style d2t): saved only when set, read back, lossless
+DRAFT_IDS = list(range(0, 96, 2))  # every other token of the tiny vocabulary
+
+
+def test_draft_vocabulary_round_trips_and_is_absent_from_the_zlab_layout(saved, tmp_path):
+    target, drafter, root = saved
+    assert "draft_vocab_size" not in json.loads((root / "drafter" / "config.json").read_text())
+    assert "d2t" not in load_file(root / "drafter" / "model.safetensors")
+    restricted = DFlashDraftModel.from_pretrained(root / "drafter").eval()
+    restricted.set_draft_vocabulary(DRAFT_IDS)
+    restricted.save_pretrained(tmp_path / "restricted")
+    assert json.loads((tmp_path / "restricted" / "config.json").read_text())["draft_vocab_size"] == len(DRAFT_IDS)
+    weights = load_file(tmp_path / "restricted" / "model.safetensors")
+    assert (torch.arange(len(DRAFT_IDS)) + weights["d2t"]).tolist() == DRAFT_IDS  # EAGLE-3: i + d2t[i]
+    loaded = DFlashDraftModel.from_pretrained(tmp_path / "restricted")
+    assert loaded.draft_token_ids().tolist() == DRAFT_IDS
+    loaded.set_draft_vocabulary(None)
+    loaded.save_pretrained(tmp_path / "unrestricted")
+    assert "d2t" not in load_file(tmp_path / "unrestricted" / "model.safetensors")
+    assert "draft_vocab_size" not in json.loads((tmp_path / "unrestricted" / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"token ids in \[0, 96\).*from 0 to 200"):
+        loaded.set_draft_vocabulary([0, 200])
+    code = REMOTE_GENERATE.format(target=str(root / "target"), drafter=str(tmp_path / "restricted"))
+    assert "REMOTE-OK" in run_without_hf_dflash(code, {"HF_MODULES_CACHE": str(tmp_path / "modules")})
+
+
+def test_a_draft_vocabulary_only_proposes_its_tokens_and_stays_lossless(saved):
+    target, drafter, root = saved
+    restricted = DFlashDraftModel.from_pretrained(root / "drafter").eval()
+    restricted.set_draft_vocabulary(DRAFT_IDS)
+    proposed = []
+    original = hf_dflash.generation_dflash.DFlashCandidateGenerator.propose
+
+    def spy(self, *args, **kwargs):
+        drafts, scores = original(self, *args, **kwargs)
+        proposed.extend(drafts.flatten().tolist())
+        return drafts, scores
+
+    hf_dflash.generation_dflash.DFlashCandidateGenerator.propose = spy
+    try:
+        for seed in range(4):
+            assert torch.equal(greedy(target, restricted, seed=seed), greedy(target, seed=seed))
+            ids = torch.randint(0, 96, (1, 11), generator=torch.Generator().manual_seed(seed))
+            torch.manual_seed(seed)
+            sampled = target.generate(ids, max_new_tokens=16, do_sample=True, top_k=1, assistant_model=restricted)
+            assert torch.equal(sampled, greedy(target, seed=seed, new=16))  # top_k=1: the greedy law
+    finally:
+        hf_dflash.generation_dflash.DFlashCandidateGenerator.propose = original
+    assert proposed and set(proposed) <= set(DRAFT_IDS)

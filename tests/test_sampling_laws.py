@@ -326,6 +326,17 @@ def test_lookup_battery_rejects_a_wrong_proposal_law(monkeypatch):
     assert bad, detail
 
 
+def test_a_draft_vocabulary_follows_the_law_at_batch_one():
+    """Drafts from half the vocabulary only (q = 0 on the rest): the target's other tokens come from the residual."""
+    target, prompt = law_target(), PROMPTS[1]
+    drafter = law_drafter(target)
+    drafter.set_draft_vocabulary([1, 3, 5, 7])
+    counts, stats = sample_one(target, drafter, prompt, calls=600, seed=7)
+    assert_really_drafts(stats, block_size=4)
+    assert any(t % 2 == 0 for cell in counts for t in cell)  # tokens the drafter cannot propose still come
+    assert_follows(counts, exact_law(target, prompt), "a draft vocabulary")
+
+
 def test_heuristic_draft_length_grows_and_follows_the_law():
     """num_assistant_tokens=1 with the heuristic schedule: the first cycle verifies one draft, fully accepted cycles
     grow the count (+2), so later cycles accept 3 and 4 drafts (acceptance lengths 4 and 5); rejections shrink it."""
