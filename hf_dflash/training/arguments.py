@@ -37,7 +37,7 @@ ACCELERATE_STATE_DIR = "training_state"
 NON_DEFINING_FIELDS = frozenset({
     "output_dir", "resume", "save_every", "save_total_limit", "eval_prompts", "num_eval_prompts",
     "eval_max_new_tokens", "feature_cache", "attn_implementation", "logging_steps", "push_to_hub",
-    "max_eval_samples", "target_device_map", "eval_every", "max_cpu_seconds",
+    "max_eval_samples", "target_device_map", "eval_every", "max_cpu_seconds", "draft_vocab_size",
 })
 
 
@@ -132,6 +132,9 @@ class DFlashTrainingArguments:
         "help": "With --train-vocab-size: also S tokens drawn each step from the rest of the vocabulary (sampled "
                 "softmax; their logits get + log((V - N) / S), so the rare tokens' mass is estimated and pushed "
                 "down too); 0 = none."})
+    draft_vocab_size: int = field(default=0, metadata={
+        "help": "The exported drafter drafts among the N most frequent response tokens of the training data only "
+                "(a d2t draft vocabulary: a smaller LM head at inference, lossless); 0 = the whole vocabulary."})
     init_from_target: bool = field(default=False, metadata={
         "help": "Initialise the drafter layers and final norm from the target's last layers where names and shapes "
                 "match (instead of random)."})
@@ -180,7 +183,7 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
     for name in ("distill_weight", "acceptance_loss_weight"):
         if not 0 <= getattr(args, name) <= 1:
             raise ValueError(f"{name}={getattr(args, name)} must be in [0, 1] (a share of the loss).")
-    for name in ("distill_top_k", "train_vocab_size", "train_vocab_sampled", "eval_every"):
+    for name in ("distill_top_k", "train_vocab_size", "train_vocab_sampled", "eval_every", "draft_vocab_size"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name}={getattr(args, name)} must be >= 0 (0 = off).")
     if args.position_weighting not in POSITION_WEIGHTINGS:

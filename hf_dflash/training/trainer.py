@@ -541,7 +541,8 @@ class DFlashTrainer:
     def recipe_options(self) -> dict[str, Any]:
         """The issue-13 recipe options this run changed from their defaults (recorded in training_info.json)."""
         names = ("distill_weight", "distill_top_k", "acceptance_loss_weight", "position_weighting",
-                 "position_weight_floor", "train_vocab_size", "train_vocab_sampled", "init_from_target")
+                 "position_weight_floor", "train_vocab_size", "train_vocab_sampled", "init_from_target",
+                 "draft_vocab_size")
         defaults = DFlashTrainingArguments("t", "d", "o")
         return {n: getattr(self.args, n) for n in names if getattr(self.args, n) != getattr(defaults, n)}
 
@@ -551,6 +552,8 @@ class DFlashTrainer:
         drafter = DFlashDraftModel(copy.deepcopy(self.model_config))
         drafter.load_state_dict(state_dict, strict=True)
         drafter.config._attn_implementation = "sdpa"  # training may have used flex masks; inference passes none
+        if self.args.draft_vocab_size:
+            drafter.set_draft_vocabulary(frequent_tokens(self.train_samples, self.args.draft_vocab_size))
         device = self.target.get_input_embeddings().weight.device
         return drafter.to(device=device, dtype=self.target.dtype).eval()
 

@@ -351,6 +351,18 @@ def test_cpu_budget_stops_training_and_still_evaluates(workdir, data_file, targe
     assert (Path(args.output_dir) / "checkpoints" / "checkpoint-1").is_dir()
 
 
+def test_draft_vocab_size_exports_the_most_frequent_response_tokens(workdir, data_file, target_and_tokenizer):
+    target, tokenizer = target_and_tokenizer
+    args = small_args(data_file, workdir / "draft-vocab", epochs=1, max_steps=2, eval_split=0.0, draft_vocab_size=7)
+    trainer = DFlashTrainer(args, target, tokenizer)
+    trainer.train()
+    drafter = DFlashDraftModel.from_pretrained(args.output_dir)
+    assert drafter.config.draft_vocab_size == 7
+    assert drafter.draft_token_ids().tolist() == frequent_tokens(trainer.train_samples, 7).tolist()
+    info = json.loads((Path(args.output_dir) / "training_info.json").read_text())
+    assert info["recipe"]["draft_vocab_size"] == 7
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # resume and DFlare with every option on
 ALL_OPTIONS = dict(distill_weight=0.5, distill_top_k=4, acceptance_loss_weight=0.3, position_weighting="acceptance",
