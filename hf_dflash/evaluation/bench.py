@@ -11,7 +11,8 @@ slows them alike; the order rotates from prompt to prompt):
   (``with hf_dflash.builtin_generation(): generate(..., assistant_model=drafter, speculation_type="dflash")``);
 - ``dflash``: this package's DFlash loop verifying the whole block every cycle (``dflash_policy="full"``);
 - ``dflash_default``: what ``generate(assistant_model=drafter)`` does by default: the cost-aware policy picks each
-  cycle's draft count (0 = a plain target step) from measured costs and acceptance;
+  cycle's draft source (the drafter, or prompt-lookup drafts) and count (0 = a plain target step) from measured
+  costs and acceptance;
 - ``dflash_heuristic``: the same loop verifying an adaptive number of drafts per cycle
   (``num_assistant_tokens_schedule="heuristic"``: +2 after a fully accepted block, -1 otherwise);
 - ``dflash_tree``: the same loop verifying a tree of 16 drafts per cycle (``dflash_tree_budget=16``, DDTree: built
@@ -294,6 +295,7 @@ def cycle_costs(stats: list[DFlashStats], t1: float) -> dict:
         "acceptance_by_position": pooled_acceptance_by_position(stats),
         "acceptance_length_histogram": acceptance_histogram(stats),
         "chosen_drafts": chosen_drafts(stats),
+        "lookup_cycles": sum(s.lookup_cycles for s in stats),
     }
 
 

@@ -65,7 +65,9 @@ def markdown_report(report: dict) -> str:
               if "chosen_drafts" in m.get("dflash_default", {})}
     if chosen:
         lines += ["", "hf-dflash default (cost-aware): cycles by drafts verified (0 = a plain target step).", ""]
-        lines += [f"- {name}: " + ", ".join(f"{k}: {n}" for k, n in counts.items()) for name, counts in chosen.items()]
+        lines += [f"- {name}: " + ", ".join(f"{k}: {n}" for k, n in counts.items())
+                  + f" (prompt-lookup drafts in {results[name]['dflash_default'].get('lookup_cycles', 0)})"
+                  for name, counts in chosen.items()]
     return "\n".join(lines) + "\n"
 
 
