@@ -27,6 +27,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -495,7 +496,7 @@ class CostAwarePolicy:
     """
 
     REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
-                  "lookup_accepted")
+                  "lookup_accepted", "tree_expected", "tree_accepted")
 
     def __init__(self, target, most: int, memory: dict | None = None):
         self.target, self.most = target, most
@@ -505,6 +506,7 @@ class CostAwarePolicy:
         self.lookup_accepted: dict[int, list[float]] = {}
         self.plain_streak, self.probe_after = 0, 4
         self.cycles = 0
+        self.tree_expected, self.tree_accepted = 0.0, 0.0  # trees: drafts the drafter expected vs those accepted
         # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
         self.memory = memory if memory is not None else {}
         if self.memory.get("most") == most:
@@ -554,7 +556,7 @@ class CostAwarePolicy:
         self.cycles += 1
         self._fade_lookup(lookup_size)
         self._remember()
-        if self.cycles == 1 or table.draft is None or width(self.most + 1) not in table.verify:
+        if self.cycles == 1 or table.draft is None or max(table.verify, default=0) < width(self.most + 1):
             return self.most, False  # a call starts with a full block: its costs (once) and this drafter's acceptance
         # A plain step costs at most what the narrowest measured verify did: until one is measured, that bound
         # favours drafting, so a good drafter is never interrupted just to measure plain decoding.
@@ -574,6 +576,32 @@ class CostAwarePolicy:
             return 0, False
         self.plain_streak, self.probe_after = 0, min(64, 2 * self.probe_after)
         return drafting[0], False
+
+    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
+        """Drafts to verify from a best-first tree whose nodes have the drafter's joint path log-probabilities
+        `log_probs` (node 0: the anchor): the b maximising (1 + c * sum of the first b path probabilities) /
+        t(verify of b + 1 rows), c the measured ratio of accepted to expected drafts (the drafter's calibration).
+        The drafter has run already, so its cost does not count here; the whole tree until verify costs are known."""
+        table = self.table(batch, device)
+        nodes = len(log_probs) - 1
+        if len(table.verify) < 2:
+            return nodes
+        width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
+        scale = (self.tree_accepted + 1.0) / (self.tree_expected + 1.0)
+        best, best_speed, mass = nodes, 0.0, 0.0
+        for b in range(1, nodes + 1):
+            mass += math.exp(log_probs[b])
+            speed = (1.0 + scale * mass) / table.verify_seconds(width(b + 1))
+            if speed > best_speed:
+                best, best_speed = b, speed
+        return best
+
+    def observe_tree(self, expected: float, accepted: int) -> None:
+        """One tree verification: the drafter expected `expected` accepted drafts (its path probabilities summed), the
+        target accepted `accepted`. Also counted as a chain of that acceptance (the draft-or-not choice)."""
+        self.tree_expected = 0.97 * self.tree_expected + expected
+        self.tree_accepted = 0.97 * self.tree_accepted + accepted
+        self.observe_acceptance(self.most, [accepted])
 
     def _fade_lookup(self, size: int) -> None:
         # Offered but (maybe) not taken: the counts shrink towards the prior, so a lookup source that looked poor is
@@ -654,6 +682,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.lookup_tokens = (generation_config.prompt_lookup_num_tokens or DEFAULT_LOOKUP_TOKENS) if lookup else None
         self.lookup_ngram = generation_config.max_matching_ngram_size or 2
         self.lookup_size, self.drafter_ran = 0, False  # where the last candidates came from
+        self.full_blocks = False  # a tree needs the whole block's scores whenever the drafter runs
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
         self.cache = DynamicCache()
         self.cache_keyword = cache_argument(drafter)
@@ -708,7 +737,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
                                                    min(2, self.lookup_ngram))  # a lone token's match rarely holds
                 lookup = lookup if room is None else lookup[: max(room, 0)]
             chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size)
-            num_drafts = min(num_drafts, chosen)
+            num_drafts = min(num_drafts, chosen) if chosen == 0 or from_lookup or not self.full_blocks else num_drafts
             if from_lookup:
                 self.lookup_size = size
                 drafts = input_ids.new_tensor(lookup[:chosen])[None]
@@ -744,6 +773,14 @@ class DFlashCandidateGenerator(CandidateGenerator):
             self.num_assistant_tokens = min(self.block_size - 1, self.num_assistant_tokens + 2)
         else:
             self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+
+    def observe_tree_cycle(self, device, cycle, draft_seconds: float) -> None:
+        """A tree cycle's `cycle` = (verify width, accepted drafts, verify seconds, drafts the drafter expected): its
+        costs and acceptance for the cost-aware policy."""
+        if self.policy is not None:
+            width, accepted, seconds, expected = cycle
+            self.observe_costs(1, device, width, seconds, draft_seconds)
+            self.policy.observe_tree(expected, accepted)
 
     def observe_costs(self, batch: int, device, width: int, target_seconds: float,
                       draft_seconds: float | None = None) -> None:
@@ -1107,9 +1144,11 @@ def dflash_decoding(
         features=lambda hidden: target_features(hidden, layer_ids), vectorizable=_vectorizable,
         pad_rows=lambda n: gemm_friendly_rows(n, input_ids.device),
     )
-    if tree is not None:
-        generator.policy = None  # trees draft whole blocks: the cost-aware policy chooses chain lengths only
-    elif config.prompt_lookup_num_tokens and (generator.policy is None or not generator.lookup_tokens):
+    if tree is not None and generator.policy is not None:
+        # the policy chooses plain steps, lookup chains or a tree, and each tree's budget from its node probabilities
+        generator.full_blocks = True
+        tree.choose_budget = functools.partial(generator.policy.tree_budget, batch=batch, device=input_ids.device)
+    elif tree is None and config.prompt_lookup_num_tokens and (generator.policy is None or not generator.lookup_tokens):
         raise ValueError(
             f"prompt_lookup_num_tokens={config.prompt_lookup_num_tokens} with a DFlash drafter is the length of its "
             f"prompt-lookup drafts: they compete with the drafter's under the default dflash_policy='cost' (with "
@@ -1147,6 +1186,7 @@ def dflash_decoding(
         stats.lookup_cycles += int(generator.lookup_size > 0)
         if tree is not None and drafter_ran:
             running = tree.cycle(rows, cache, draft_scores, stats, recorder, streamer)
+            generator.observe_tree_cycle(input_ids.device, tree.last_cycle, drafted - tic)
             continue
 
         # 3. verify the candidates in one target forward (padded to a GEMM-friendly row count on CPU; not for

@@ -28,6 +28,7 @@ and sliding-window targets verify chains); ``sdpa`` or ``eager`` attention (the 
 """
 
 import heapq
+import math
 import time
 from dataclasses import dataclass
 
@@ -119,6 +120,7 @@ class DraftTree:
     depths: list[int]
     children: list[list[int]]
     fixed: list[bool] = None
+    log_probs: list[float] = None  # per drafted node: the drafter's joint log-probability of its path (best first)
 
     def __post_init__(self):
         if self.fixed is None:
@@ -216,8 +218,12 @@ def build_tree(anchor: torch.Tensor, draft_scores: torch.Tensor, budget: int, do
     log_q = draft_scores.float().log_softmax(-1)
     width = min(budget, log_q.shape[-1])
     ranked, tokens_by_rank = log_q.topk(width, dim=-1)
-    parents, depths, ranks = tree_shape(ranked.tolist(), budget)
+    ranked = ranked.tolist()
+    parents, depths, ranks = tree_shape(ranked, budget)
     n = len(parents)
+    log_probs = [0.0]
+    for node in range(1, n):
+        log_probs.append(log_probs[parents[node]] + ranked[depths[node] - 1][ranks[node]])
     children = [[] for _ in range(n)]
     for node in range(1, n):
         children[parents[node]].append(node)
@@ -236,7 +242,7 @@ def build_tree(anchor: torch.Tensor, draft_scores: torch.Tensor, budget: int, do
             slot = {father: j for j, father in enumerate(fathers)}
             father_rows = torch.tensor([slot[parents[i]] for i in nodes.tolist()])
             tokens[1:] = drawn[father_rows, rank_cols].to(tokens.device)
-    return DraftTree(tokens, parents, depths, children)
+    return DraftTree(tokens, parents, depths, children, log_probs=log_probs)
 
 
 def prompt_lookup(history: torch.Tensor, num_tokens: int, max_ngram: int = 2) -> list[int]:
@@ -420,9 +426,13 @@ class TreeVerifier:
     """
 
     def __init__(self, budget, target, cache, forward_kwargs, logits_processor, stopping_criteria, generation_config,
-                 *, batch, features, vectorizable, pad_rows):
+                 *, batch, features, vectorizable, pad_rows, choose_budget=None):
         check_tree_call(target, budget, batch, cache)
         self.budget, self.target, self.forward_kwargs = budget, target, forward_kwargs
+        # choose_budget(log_probs) -> drafts to verify (at most `budget`), from the full tree's node probabilities
+        # (best first): the cost-aware policy's choice; None: always `budget`
+        self.choose_budget = choose_budget
+        self.last_cycle = None  # (verify width, accepted drafts, seconds, the drafter's expected accepted drafts)
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = generation_config.max_length
@@ -437,6 +447,12 @@ class TreeVerifier:
         tic = _clock(draft_scores.device)
         history = rows.histories[0]
         tree = build_tree(history[-1], draft_scores[0], self.budget, self.do_sample)
+        if self.choose_budget is not None:
+            # the best b-node tree is the first b nodes of the best-first one; its shape never depends on the draws
+            chosen = self.choose_budget(tree.log_probs)
+            if chosen < len(tree) - 1:
+                tree = build_tree(history[-1], draft_scores[0], chosen, self.do_sample)
+        expected = sum(math.exp(p) for p in tree.log_probs[1:])
         if self.lookup_tokens:  # the n-gram branch, as long as it fits under max_length
             room = self.lookup_tokens if self.max_length is None else self.max_length - len(history) - 1
             tree.add_branch(prompt_lookup(history, min(self.lookup_tokens, room), self.lookup_ngram))
@@ -457,7 +473,9 @@ class TreeVerifier:
             path, last = sample_path(tree, draft_scores[0].float().softmax(-1), processed.softmax(-1))
         else:
             path, last = greedy_path(tree, processed)
-        stats.verify_seconds += _clock(draft_scores.device) - tic
+        seconds = _clock(draft_scores.device) - tic
+        stats.verify_seconds += seconds
+        self.last_cycle = (width, len(path), seconds, expected)
 
         kept = torch.tensor([0] + path, device=ids.device)
         rest = torch.tensor([i for i in range(width) if i not in set(kept.tolist())], dtype=torch.long,

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import math
 import random
 
 import pytest
@@ -34,7 +35,7 @@ from conftest import (
 from transformers import pipeline
 
 from hf_dflash import tree_dflash
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.generation_dflash import _COST_TABLES, CostAwarePolicy, CostTable, DFlashCandidateGenerator
 from hf_dflash.tree_dflash import build_tree, greedy_path, sample_path, tree_shape
 
 
@@ -640,3 +641,60 @@ def test_sampled_tree_generate_negative_control(sampling_target, sampled):
     """The same end-to-end harness rejects a tree whose siblings keep p after a rejection."""
     prompt, counts, _, _, kwargs = sampled("temperature_budget_6", no_residual_update)
     assert chi_square_pvalue(counts, exact_distribution(sampling_target, prompt, 3, **kwargs)) < P_THRESHOLD
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# trees under the cost-aware policy: plain steps, lookup chains or a tree, each tree's budget from its probabilities
+def test_tree_budget_follows_verify_costs_and_the_drafters_calibration():
+    target = cached_target("qwen3")
+    policy = CostAwarePolicy(target, 7)
+    table = CostTable()
+    _COST_TABLES[(id(target), "cpu", str(target.dtype), 1)] = table
+    log_probs = [0.0] + [math.log(p) for p in (0.5, 0.2, 0.1, 0.05, 0.05, 0.02, 0.01, 0.01)]
+    assert policy.tree_budget(log_probs, 1, "cpu") == 8  # verify costs unknown: the whole tree
+    table.observe_verify(1, 0.010)
+    table.observe_verify(32, 0.010)  # flat (a GPU at small widths): every node is worth verifying
+    assert policy.tree_budget(log_probs, 1, "cpu") == 8
+    table.verify.clear()
+    table.observe_verify(1, 0.010)
+    table.observe_verify(9, 0.020)  # steep (a CPU): only the likely nodes pay
+    assert 1 <= policy.tree_budget(log_probs, 1, "cpu") <= 2
+    for _ in range(50):  # the drafter turns out far better than its probabilities say: verify more
+        policy.observe_tree(expected=0.5, accepted=4)
+    assert policy.tree_budget(log_probs, 1, "cpu") > 2
+
+
+def random_budgets(monkeypatch, seed: int = 0):
+    """Each tree verifies a random number of its nodes (any choice must stay lossless)."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(CostAwarePolicy, "tree_budget", lambda self, log_probs, batch, device:
+                        rng.randint(1, len(log_probs) - 1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trees_under_the_cost_aware_policy_are_lossless(arch, monkeypatch):
+    target = cached_target(arch)
+    drafter = make_drafter(target, 8)
+    random_budgets(monkeypatch)
+    for prompt in (copy_prompt(1), make_prompt(9, seed=3)):
+        expected = plain_generate(target, prompt, max_new_tokens=40)
+        for kind in KINDS:
+            for lookup in (None, 10):
+                with drafts_for(kind, expected, prompt):
+                    got = tree_generate(target, drafter, prompt, 16, max_new_tokens=40, dflash_policy="cost",
+                                        prompt_lookup_num_tokens=lookup)
+                assert_same(got, expected)
+                widths = drafter.last_stats.drafts_per_cycle
+                assert all(n <= 16 + (lookup or 10) for n in widths)
+    assert len(set(widths)) > 2, widths  # the budgets did vary
+
+
+def test_sampled_trees_with_chosen_budgets_follow_the_target_distribution(sampling_target, monkeypatch):
+    random_budgets(monkeypatch, seed=1)
+    drafter = make_drafter(sampling_target, block_size=4, seed=3)
+    prompt = make_prompt(5, vocab_size=SAMPLING_VOCAB, seed=4)
+    counts, lengths, widths = sample_first_tokens(sampling_target, drafter, prompt, 8, seed=6, temperature=0.9,
+                                                  dflash_policy="cost")
+    exact = exact_distribution(sampling_target, prompt, 3, temperature=0.9)
+    assert chi_square_pvalue(counts, exact) > P_THRESHOLD
+    assert min(lengths) == 1 and max(lengths) >= 3 and len(set(widths)) > 3
