@@ -18,7 +18,10 @@ slows them alike; the order rotates from prompt to prompt):
 - ``dflash_tree``: the same loop verifying a tree of 16 drafts per cycle (``dflash_tree_budget=16``, DDTree: built
   best-first by joint draft probability from the drafter's one forward, verified in one target forward);
 - ``dflash_tree_ngram``: the same tree plus the prompt-lookup continuation (10 tokens) as one more branch
-  (``prompt_lookup_num_tokens=10``).
+  (``prompt_lookup_num_tokens=10``);
+- ``dflash_default_tree``: the default policy with trees (``dflash_tree_budget=16, prompt_lookup_num_tokens=10``):
+  each cycle a plain step, prompt-lookup drafts alone, or a tree of the budget the policy picks (with the n-gram
+  branch).
 
 Reported per dataset and overall: tau (tokens per target forward: ``drafter.last_stats`` for ours, counted target
 forwards for the others), acceptance by block position, tokens/s, speedup vs plain (median of per-prompt ratios),
@@ -48,7 +51,7 @@ logger = logging.get_logger(__name__)
 
 METHODS: tuple[str, ...] = (
     "plain", "pld", "early_exit", "builtin_dflash", "dflash", "dflash_heuristic", "dflash_default", "dflash_tree",
-    "dflash_tree_ngram",
+    "dflash_tree_ngram", "dflash_default_tree",
 )
 TREE_BUDGET = 16  # draft nodes per verification of the ``dflash_tree`` method
 
@@ -63,6 +66,7 @@ METHOD_LABELS = {
     "dflash_default": "hf-dflash default (cost-aware)",
     "dflash_tree": f"hf-dflash, tree ({TREE_BUDGET} nodes)",
     "dflash_tree_ngram": f"hf-dflash, tree ({TREE_BUDGET}) + n-gram branch",
+    "dflash_default_tree": f"hf-dflash default + tree (up to {TREE_BUDGET})",
 }
 
 
@@ -159,8 +163,11 @@ def method_kwargs(method: str, drafter=None, early_exit_layer: int | None = None
     if method == "dflash_heuristic":
         return {"assistant_model": drafter, "num_assistant_tokens_schedule": "heuristic"}
     if method == "dflash_tree":
-        return {"assistant_model": drafter, "dflash_tree_budget": TREE_BUDGET}
+        return {"assistant_model": drafter, "dflash_tree_budget": TREE_BUDGET, "dflash_policy": "full"}
     if method == "dflash_tree_ngram":
+        return {"assistant_model": drafter, "dflash_tree_budget": TREE_BUDGET, "dflash_policy": "full",
+                "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
+    if method == "dflash_default_tree":
         return {"assistant_model": drafter, "dflash_tree_budget": TREE_BUDGET,
                 "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
     raise ValueError(f"Unknown method {method!r}; choose from {list(METHODS)}.")
