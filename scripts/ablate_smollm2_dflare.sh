@@ -18,14 +18,8 @@
 # BENCHMARKS.md was filled from them.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-HF_DFLASH="${HF_DFLASH:-$PYTHON -m hf_dflash}"
-CACHE="${HF_DFLASH_CACHE:-$HOME/.cache/hf_dflash}"
-TRAIN="$CACHE/train"
+source "$(dirname "$0")/common.sh"
 ABLATION="$TRAIN/ablation"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-export HF_DFLASH_CACHE="$CACHE"
 
 SAMPLES="${SAMPLES:-240}"
 EPOCHS="${EPOCHS:-2}"

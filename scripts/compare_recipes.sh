@@ -23,14 +23,7 @@
 # block8 keeps samples with 16-31 response tokens that block-16 recipes drop (min response = 2 x block size).
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-HF_DFLASH="${HF_DFLASH:-$PYTHON -m hf_dflash}"
-CACHE="${HF_DFLASH_CACHE:-$HOME/.cache/hf_dflash}"
-TRAIN="$CACHE/train"
-NICE="${NICE:-nice -n 5}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-export HF_DFLASH_CACHE="$CACHE"
+source "$(dirname "$0")/common.sh"
 
 SMOKE="${SMOKE:-0}"
 if [[ "$SMOKE" == 1 ]]; then
