@@ -167,7 +167,8 @@ REMOTE_GENERATE = """
     fast = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=drafter)
     assert torch.equal(plain, fast), (plain, fast)
     assert len(drafter.last_stats.acceptance_lengths) > 0
-    tree = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=drafter, dflash_tree_budget=8)
+    tree = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=drafter, dflash_tree_budget=8,
+                           dflash_policy="full")
     assert torch.equal(plain, tree), (plain, tree)
     assert max(drafter.last_stats.drafts_per_cycle) == 8
     print("REMOTE-OK", drafter.last_stats.mean_acceptance_length)

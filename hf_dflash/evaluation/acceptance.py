@@ -14,7 +14,9 @@ from ..models import pad_token_id
 
 @torch.no_grad()
 def measure_acceptance_length(target, drafter, prompts: list[list[int]], max_new_tokens: int = 128) -> dict[str, Any]:
-    """Mean acceptance length tau measured by real greedy ``target.generate(assistant_model=drafter)`` calls.
+    """Mean acceptance length tau measured by real greedy ``target.generate(assistant_model=drafter)`` calls that
+    verify the drafter's whole block every cycle (``dflash_policy="full"``: the drafter's tau, not the default
+    policy's mix of plain steps and prompt-lookup drafts).
 
     Example:
         >>> measure_acceptance_length(target, drafter, [tokenizer("Hi")["input_ids"]])["tau"]  # doctest: +SKIP
@@ -31,7 +33,7 @@ def measure_acceptance_length(target, drafter, prompts: list[list[int]], max_new
     for ids in prompts:
         input_ids = torch.tensor([ids], device=target.device)
         target.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config,
-                        assistant_model=drafter)
+                        assistant_model=drafter, dflash_policy="full")
         lengths += drafter.last_stats.acceptance_lengths
         per_prompt.append(drafter.last_stats.mean_acceptance_length)
     block = drafter.config.block_size
