@@ -40,6 +40,9 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
         "num_samples": info.get("num_samples", "unknown"),
         "epochs": info.get("epochs", "unknown"),
         "tau": f"{tau:.2f}" if isinstance(tau, (int, float)) else "not measured",
+        "draft_vocabulary": (f"the {config.draft_vocab_size:,} most frequent response tokens (`d2t` buffer; engines "
+                             "that expect the plain z-lab layout: `drafter.set_draft_vocabulary(None)`, then "
+                             "`save_pretrained`)" if getattr(config, "draft_vocab_size", None) else "the whole vocabulary"),
     }
 
 
