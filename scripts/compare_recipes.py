@@ -59,14 +59,14 @@ def fill_cache(argv: list[str]) -> None:
     args = dataclass_from_namespace(DFlashTrainingArguments, parser.parse_args(argv))
     args.distill_weight = args.distill_weight or 1.0
     trainer = DFlashTrainer(args)
-    samples = trainer.train_samples + trainer.eval_samples
-    for start in range(0, len(samples), args.batch_size):
-        group = samples[start : start + args.batch_size]
-        batch = trainer.block_batch(group, epoch=0)
-        with torch.no_grad():
-            trainer.features_for(batch, final_hidden=True)
-        print(f"\rfeature cache: {start + len(group)}/{len(samples)}", end="", file=sys.stderr)
-    print(file=sys.stderr)
+    for samples, cache in ((trainer.train_samples, trainer.feature_cache), (trainer.eval_samples, trainer.heldout_cache)):
+        for start in range(0, len(samples), args.batch_size):
+            group = samples[start : start + args.batch_size]
+            batch = trainer.block_batch(group, epoch=0)
+            with torch.no_grad():
+                trainer.features_for(batch, final_hidden=True, cache=cache)
+            if (start // args.batch_size) % 50 == 0 or start + len(group) == len(samples):
+                print(f"feature cache: {start + len(group)}/{len(samples)}", file=sys.stderr)
 
 
 def _at_budget(evals: list[dict], seconds: float) -> dict | None:

@@ -102,9 +102,37 @@ recipe_flags() {
     init-target) echo "--block-size 16 --init-from-target" ;;
     block8) echo "--block-size 8" ;;
     combo) echo "--block-size 16 --distill-weight 0.5 --train-vocab-size 8192 --train-vocab-sampled 1024 --init-from-target" ;;
+    # each option again on top of the sampled 8k head (the cheap step every measured recipe wins with)
+    s1k+distill) echo "$(recipe_flags vocab8k-s1k) --distill-weight 0.5" ;;
+    s1k+lk) echo "$(recipe_flags vocab8k-s1k) --acceptance-loss-weight 0.5" ;;
+    s1k+dpace) echo "$(recipe_flags vocab8k-s1k) --position-weighting acceptance" ;;
+    s1k+init) echo "$(recipe_flags vocab8k-s1k) --init-from-target" ;;
+    s1k+block8) echo "--block-size 8 --train-vocab-size 8192 --train-vocab-sampled 1024" ;;
+    combo-quarter) echo "$(recipe_flags combo) --max-train-samples ${QUARTER:-350}" ;;
+    combo-tf) echo "$(recipe_flags combo) --distill-weight 1 --data $TF_DATA --eval-data $DATA --feature-cache $TF_FEATURES" ;;
     *) echo "unknown recipe $1" >&2; exit 2 ;;
   esac
 }
+
+# Two recipes change the data, not the loss: combo-quarter trains on a quarter of the training samples; combo-tf adds
+# TF_COUNT teacher-forced ShareGPT conversations (scripts/build_smollm2_conversations.py) to the regenerated samples,
+# every label the target's own distribution (--distill-weight 1); both keep the held-out set of the others.
+TF_COUNT="${TF_COUNT:-600}"
+TF_DATA="$OUT/regen+tf$TF_COUNT.jsonl"
+TF_FEATURES="$OUT/features-tf$TF_COUNT"
+if [[ " $RECIPES " == *" combo-tf "* && ! -f "$TF_FEATURES/.filled" ]]; then
+  if [[ ! -s "$TF_DATA" ]]; then
+    $NICE "$PYTHON" scripts/build_smollm2_conversations.py --count "$TF_COUNT" --output "$OUT/tf$TF_COUNT.jsonl"
+    cat "$DATA" "$OUT/tf$TF_COUNT.jsonl" > "$TF_DATA.tmp" && mv "$TF_DATA.tmp" "$TF_DATA"
+  fi
+  # the regenerated records keep their positions in the joined file: their cached features are the same files
+  mkdir -p "$TF_FEATURES"
+  find "$FEATURES" -maxdepth 1 -name '*.pt' -exec ln -f {} "$TF_FEATURES/" \;
+  # shellcheck disable=SC2046
+  $NICE "$PYTHON" scripts/compare_recipes.py fill-cache "${COMMON[@]}" $(recipe_flags combo-tf) --output "$OUT/.fill-cache"
+  rm -rf "$OUT/.fill-cache"
+  touch "$TF_FEATURES/.filled"
+fi
 
 # 3. train every recipe to the same CPU budget ----------------------------------------------------------------------
 finished() {  # finished FOLDER: it wrote eval.json after spending the budget (or running out of steps)

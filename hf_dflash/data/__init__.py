@@ -7,7 +7,7 @@ target's own responses.
 - :mod:`hf_dflash.data.regenerate`: ``hf-dflash regenerate`` (resumable).
 """
 
-from .chat import chat_input_ids, left_padded_batch, prompt_text, prompt_token_ids
+from .chat import chat_input_ids, left_padded_batch, prompt_text, prompt_token_ids, teacher_forced_record
 from .records import (
     Prompt,
     iter_records,
@@ -40,4 +40,5 @@ __all__ = [
     "regenerate",
     "response_token_ids",
     "skipped_path",
+    "teacher_forced_record",
 ]

@@ -56,6 +56,26 @@ def chat_input_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, device: t
     return torch.tensor([prompt_token_ids(tokenizer, text, use_chat_template)], device=device)
 
 
+def teacher_forced_record(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, response: str,
+                          **template_options) -> dict[str, list[int] | int]:
+    """A training record of an EXISTING response, no generation: ``{"input_ids", "prompt_length"}`` with the prompt
+    as the target sees it (:func:`chat_input_ids`), then the response's tokens and the end-of-turn token.
+
+    The response only supplies contexts: train on such records with ``hf-dflash train --distill-weight 1`` so every
+    label is the target's own next-token distribution at that context (teacher forcing on cheap data; a
+    regenerated response costs a generation, this costs one target forward in training).
+
+    Example:
+        >>> record = teacher_forced_record(tokenizer, "Name a colour.", "Blue.")  # doctest: +SKIP
+        >>> tokenizer.decode(record["input_ids"][record["prompt_length"]:])  # doctest: +SKIP
+        'Blue.<|im_end|>'
+    """
+    prompt_ids = chat_input_ids(tokenizer, prompt, **template_options)[0].tolist()
+    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return {"input_ids": prompt_ids + response_ids + end, "prompt_length": len(prompt_ids)}
+
+
 def left_padded_batch(sequences: list[list[int] | torch.Tensor], pad_token_id: int,
                       device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids and attention_mask [b, longest], padded on the left (what decoder-only ``generate`` expects).

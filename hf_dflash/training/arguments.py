@@ -87,6 +87,12 @@ class DFlashTrainingArguments:
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
     eval_split: float = field(default=0.05, metadata={"help": "Held-out share of the data (0 = none)."})
     max_eval_samples: int = field(default=256, metadata={"help": "Cap on held-out samples."})
+    eval_data: str | None = field(default=None, metadata={
+        "help": "Take the held-out split from this file instead (the split --eval-split/--seed give a run on it, so "
+                "runs on different --data share one held-out set); all of --data trains, less any held-out sample."})
+    max_train_samples: int = field(default=0, metadata={
+        "help": "Train on the first N samples left after the held-out split only (data-scaling comparisons at the "
+                "same held-out set); 0 = all."})
     eval_prompts: str | None = field(default=None, metadata={"help": "Prompts for the final generate()-measured tau "
                                                                      "(default: held-out prompts)."})
     num_eval_prompts: int = field(default=8, metadata={"help": "Prompts for the final tau (0 = skip)."})
@@ -156,9 +162,9 @@ class DFlashTrainingArguments:
     def run_fingerprint(self) -> dict[str, Any]:
         """The fields that define the run: a resumed run must match them."""
         fingerprint = {k: v for k, v in asdict(self).items() if k not in NON_DEFINING_FIELDS}
-        for key in ("target", "data"):
+        for key in ("target", "data", "eval_data"):
             value = fingerprint[key]
-            fingerprint[key] = os.path.abspath(value) if os.path.exists(value) else value
+            fingerprint[key] = os.path.abspath(value) if value is not None and os.path.exists(value) else value
         return fingerprint
 
 
@@ -183,7 +189,8 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
     for name in ("distill_weight", "acceptance_loss_weight"):
         if not 0 <= getattr(args, name) <= 1:
             raise ValueError(f"{name}={getattr(args, name)} must be in [0, 1] (a share of the loss).")
-    for name in ("distill_top_k", "train_vocab_size", "train_vocab_sampled", "eval_every", "draft_vocab_size"):
+    for name in ("distill_top_k", "train_vocab_size", "train_vocab_sampled", "eval_every", "draft_vocab_size",
+                 "max_train_samples"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name}={getattr(args, name)} must be >= 0 (0 = off).")
     if args.position_weighting not in POSITION_WEIGHTINGS:
@@ -196,8 +203,12 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
         logger.warning("--distill-top-k has no effect without --distill-weight > 0.")
     if args.init_from_target and args.init_drafter:
         raise ValueError("--init-from-target and --init-drafter both set the drafter's initial weights: pass one.")
-    if not Path(args.data).exists():
-        raise ValueError(f"--data {args.data!r} does not exist.")
+    for name in ("data", "eval_data"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).exists():
+            raise ValueError(f"--{name.replace('_', '-')} {path!r} does not exist.")
+    if args.eval_data and not args.eval_split:
+        raise ValueError(f"--eval-data {args.eval_data!r} needs --eval-split > 0 (the share of it held out).")
 
 
 def check_output_dir(args: DFlashTrainingArguments) -> Path | None:

@@ -142,8 +142,17 @@ class DFlashTrainer:
         self.callbacks = list(callbacks or [])
         self.resume_from = check_output_dir(args)
         samples = load_training_samples(args.data, args.max_length, 2 * args.block_size)
-        self.train_samples, self.eval_samples = split_heldout(samples, args.eval_split, args.max_eval_samples,
-                                                              args.seed)
+        if args.eval_data:
+            _, self.eval_samples = split_heldout(load_training_samples(args.eval_data, args.max_length,
+                                                                       2 * args.block_size),
+                                                 args.eval_split, args.max_eval_samples, args.seed)
+            heldout = {tuple(s["input_ids"].tolist()) for s in self.eval_samples}
+            self.train_samples = [s for s in samples if tuple(s["input_ids"].tolist()) not in heldout]
+        else:
+            self.train_samples, self.eval_samples = split_heldout(samples, args.eval_split, args.max_eval_samples,
+                                                                  args.seed)
+        if args.max_train_samples:
+            self.train_samples = self.train_samples[:args.max_train_samples]
 
         mixed = args.mixed_precision
         if mixed == "auto":
@@ -189,11 +198,15 @@ class DFlashTrainer:
         self.accelerator.register_save_state_pre_hook(self._skip_model_in_state)
         self.accelerator.register_load_state_pre_hook(self._load_model_from_checkpoint)
 
-        self.feature_cache = None
+        self.feature_cache = self.heldout_cache = None
         if args.feature_cache:
-            self.feature_cache = FeatureCache(args.feature_cache, {
-                "target": args.run_fingerprint()["target"], "data": args.run_fingerprint()["data"],
-                "target_layer_ids": self.layer_ids, "max_length": args.max_length, "dtype": str(target.dtype)})
+            fingerprint = {"target": args.run_fingerprint()["target"], "data": args.run_fingerprint()["data"],
+                           "target_layer_ids": self.layer_ids, "max_length": args.max_length,
+                           "dtype": str(target.dtype)}
+            self.feature_cache = self.heldout_cache = FeatureCache(args.feature_cache, fingerprint)
+            if args.eval_data:  # held-out sample indices count in the --eval-data file: a cache of their own
+                self.heldout_cache = FeatureCache(Path(args.feature_cache) / "eval", {
+                    **fingerprint, "data": args.run_fingerprint()["eval_data"]})
 
         softcap = getattr(target.config, "final_logit_softcapping", None)
         self.objective = Objective(args.distill_weight, args.distill_top_k, args.acceptance_loss_weight,
@@ -233,11 +246,10 @@ class DFlashTrainer:
     def model_config(self):
         return self.accelerator.unwrap_model(self.model).config
 
-    def features_for(self, batch: BlockBatch, final_hidden: bool = False
+    def features_for(self, batch: BlockBatch, final_hidden: bool = False, cache: FeatureCache | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(target features, the target's final hidden states or None) of a batch, from the feature cache when
-        every sample is in it; `final_hidden` (distillation) also reads/writes the cached final hidden states."""
-        cache = self.feature_cache
+        """(target features, the target's final hidden states or None) of a batch, from `cache` when every sample is
+        in it; `final_hidden` (distillation) also reads/writes the cached final hidden states."""
         kinds = ["", "final"] if final_hidden else [""]
         if cache is not None:
             cached = {kind: [cache.get(i, kind) for i in batch.sample_indices] for kind in kinds}
@@ -265,7 +277,8 @@ class DFlashTrainer:
         """The loss of a batch: the run's objective and training vocabulary (with sampled `negatives`) when
         `training`, else (evaluation) the plain weighted cross-entropy over the full LM head, as inference sees it."""
         objective = self.objective if training else Objective()
-        features, final = self.features_for(batch, final_hidden=objective.distills)
+        features, final = self.features_for(batch, final_hidden=objective.distills,
+                                            cache=self.feature_cache if training else self.heldout_cache)
         device = self.embed_tokens.weight.device
         vocab, offsets = None, None
         if training and self.train_vocab is not None:

@@ -28,3 +28,15 @@ def test_chat_input_ids_apply_the_template():
 def test_left_padded_batch_takes_lists_and_tensors():
     ids, mask = left_padded_batch([[5, 6, 7], torch.tensor([[8]])], pad_token_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_teacher_forced_record_is_the_served_prompt_then_the_existing_response():
+    from hf_dflash.data import load_training_samples, teacher_forced_record
+
+    tokenizer = make_chatml_tokenizer()
+    record = teacher_forced_record(tokenizer, "Hi", "Hello there")
+    prompt = record["input_ids"][: record["prompt_length"]]
+    assert prompt == chat_input_ids(tokenizer, "Hi")[0].tolist()  # the same rule as regeneration and serving
+    response = record["input_ids"][record["prompt_length"]:]
+    assert response[-1] == tokenizer.eos_token_id and tokenizer.decode(response[:-1]) == "Hello there"
+

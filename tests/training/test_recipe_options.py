@@ -351,6 +351,47 @@ def test_cpu_budget_stops_training_and_still_evaluates(workdir, data_file, targe
     assert (Path(args.output_dir) / "checkpoints" / "checkpoint-1").is_dir()
 
 
+def test_max_train_samples_keeps_the_held_out_set(workdir, data_file, target_and_tokenizer):
+    """A data-scaling run trains on fewer samples and is measured on exactly the same held-out samples."""
+    target, tokenizer = target_and_tokenizer
+    full = DFlashTrainer(small_args(data_file, workdir / "all", eval_split=0.2), target, tokenizer)
+    fewer = DFlashTrainer(small_args(data_file, workdir / "fewer", eval_split=0.2, max_train_samples=3),
+                          target, tokenizer)
+    def ids(samples):
+        return [list(map(int, s["input_ids"])) for s in samples]
+
+    assert ids(fewer.train_samples) == ids(full.train_samples)[:3] and len(full.train_samples) > 3
+    assert ids(fewer.eval_samples) == ids(full.eval_samples) != []
+
+
+def test_eval_data_holds_out_the_same_samples_as_a_run_on_that_file(workdir, data_file, target_and_tokenizer):
+    """Runs on other data (e.g. + teacher-forced conversations) are measured on the held-out set of a run on
+    --eval-data, and never train on those held-out samples even when their data contains them."""
+    target, tokenizer = target_and_tokenizer
+    lines = data_file.read_text().splitlines()
+    other = workdir / "other.jsonl"  # the same records reversed, plus copies: positions differ from data_file's
+    other.write_text("\n".join(lines[::-1] + lines[:3]) + "\n")
+    reference = DFlashTrainer(small_args(data_file, workdir / "ref", eval_split=0.2), target, tokenizer)
+    args = small_args(other, workdir / "eval-data", eval_split=0.2, eval_data=str(data_file),
+                      feature_cache=str(workdir / "eval-data-cache"), max_steps=1, epochs=1)
+    trainer = DFlashTrainer(args, target, tokenizer)
+
+    def ids(samples):
+        return [tuple(map(int, s["input_ids"])) for s in samples]
+
+    assert ids(trainer.eval_samples) == ids(reference.eval_samples) != []
+    assert [s["index"] for s in trainer.eval_samples] == [s["index"] for s in reference.eval_samples]
+    assert not set(ids(trainer.eval_samples)) & set(ids(trainer.train_samples))
+    held = set(ids(reference.eval_samples))
+    assert len(trainer.train_samples) == sum(tuple(json.loads(line)["input_ids"]) not in held
+                                             for line in other.read_text().splitlines())
+    trainer.train()  # held-out features go to a cache of their own (indices of --eval-data)
+    assert (workdir / "eval-data-cache" / "eval" / "cache.json").exists()
+    with pytest.raises(ValueError, match="needs --eval-split"):
+        DFlashTrainer(small_args(other, workdir / "no-split", eval_split=0.0, eval_data=str(data_file)), target,
+                      tokenizer)
+
+
 def test_draft_vocab_size_exports_the_most_frequent_response_tokens(workdir, data_file, target_and_tokenizer):
     target, tokenizer = target_and_tokenizer
     args = small_args(data_file, workdir / "draft-vocab", epochs=1, max_steps=2, eval_split=0.0, draft_vocab_size=7)
