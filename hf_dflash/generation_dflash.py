@@ -540,8 +540,8 @@ class CostAwarePolicy:
             hits.extend([0.0] * grow)
         else:
             reached, hits = self.reached, self.accepted
-        reached[:] = [0.97 * r for r in reached]
-        hits[:] = [0.97 * a for a in hits]
+        _decay(reached, 0.97)
+        _decay(hits, 0.97)
         for n in accepted:
             for depth in range(min(n + 1, num_drafts)):
                 reached[depth] += 1.0
@@ -607,8 +607,13 @@ class CostAwarePolicy:
         # Offered but (maybe) not taken: the counts shrink towards the prior, so a lookup source that looked poor is
         # tried again after a while (copy-heavy passages come and go).
         if size in self.lookup_reached:
-            self.lookup_reached[size] = [0.98 * r for r in self.lookup_reached[size]]
-            self.lookup_accepted[size] = [0.98 * a for a in self.lookup_accepted[size]]
+            _decay(self.lookup_reached[size], 0.98)
+            _decay(self.lookup_accepted[size], 0.98)
+
+
+def _decay(counts: list[float], factor: float) -> None:
+    """Age observation counts in place: old cycles weigh less, so estimates follow a drifting text."""
+    counts[:] = [factor * c for c in counts]
 
 
 def _rates(accepted: list[float], reached: list[float], prior: float = 0.5) -> list[float]:
@@ -737,7 +742,9 @@ class DFlashCandidateGenerator(CandidateGenerator):
                                                    min(2, self.lookup_ngram))  # a lone token's match rarely holds
                 lookup = lookup if room is None else lookup[: max(room, 0)]
             chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size)
-            num_drafts = min(num_drafts, chosen) if chosen == 0 or from_lookup or not self.full_blocks else num_drafts
+            if chosen == 0 or from_lookup or not self.full_blocks:
+                # the policy caps a chain; a tree (full_blocks) keeps the drafter's whole block whenever it runs
+                num_drafts = min(num_drafts, chosen)
             if from_lookup:
                 self.lookup_size = size
                 drafts = input_ids.new_tensor(lookup[:chosen])[None]

@@ -27,11 +27,12 @@ PROMPTS = (
 MAX_NEW_TOKENS = 48
 
 
-# Measured on PROMPTS (fp32, CPU, greedy, MAX_NEW_TOKENS): the shipped drafter reaches tau 1.20 (1.17, 1.27 and 1.15
-# per prompt); untrained drafters (DFlashDraftModel.from_target(target, num_hidden_layers=1, block_size=16), seeds
-# 0-2, and one shaped like the shipped drafter) reach exactly 1.00: no draft is ever accepted. The floor keeps half
-# of the shipped drafter's gain, so an untrained or broken drafter fails it (checked below).
-TAU_FLOOR = 1.10
+# Measured on PROMPTS (fp32, CPU, greedy, MAX_NEW_TOKENS, full blocks): the shipped drafter (issue 13's, 2026-12)
+# reaches tau 1.40 (1.40, 1.62 and 1.24 per prompt; the drafter before it: 1.20); untrained drafters
+# (DFlashDraftModel.from_target(target, num_hidden_layers=1, block_size=16), seeds 0-2, and one shaped like the
+# shipped drafter) reach exactly 1.00: no draft is ever accepted. The floor keeps half of the shipped drafter's
+# gain, so an untrained or broken drafter, or the previous one, fails it (checked below).
+TAU_FLOOR = 1.20
 
 
 def tau_floor() -> float:
