@@ -298,6 +298,29 @@ def test_each_recipe_option_raises_heldout_tau(workdir, data_file, target_and_to
     assert info["recipe"] == OPTIONS[name]
 
 
+def test_teacher_forced_text_with_the_targets_labels_raises_heldout_tau(workdir, data_file, target_and_tokenizer):
+    """Teacher forcing on text the target did not write (random responses) with the target's own distribution as
+    every label (--distill-weight 1) raises tau on held-out text the target did write; the same text with its own
+    tokens as hard labels learns nothing of the target."""
+    import random
+
+    target, tokenizer = target_and_tokenizer
+    rng, lines = random.Random(0), []
+    for line in data_file.read_text().splitlines():
+        record = json.loads(line)
+        ids, start = record["input_ids"], record["prompt_length"]
+        ids[start:] = [rng.randrange(4, 64) for _ in ids[start:]]
+        lines.append(json.dumps({"input_ids": ids, "prompt_length": start}))
+    foreign = workdir / "foreign.jsonl"
+    foreign.write_text("\n".join(lines) + "\n")
+    taus = {}
+    for name, weight in (("targets-labels", 1.0), ("texts-labels", 0.0)):
+        args = small_args(foreign, workdir / f"teacher-forced-{name}", epochs=2, eval_split=0.2,
+                          eval_data=str(data_file), distill_weight=weight)
+        taus[name] = DFlashTrainer(args, target, tokenizer).train()["heldout"]["acceptance_length"]
+    assert taus["texts-labels"] < 1.3 and taus["targets-labels"] > taus["texts-labels"] + 1.0, taus
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # learning curves
 def test_training_log_and_curves_from_the_cli(workdir, target_dir, data_file):
