@@ -108,6 +108,7 @@ recipe_flags() {
     s1k+dpace) echo "$(recipe_flags vocab8k-s1k) --position-weighting acceptance" ;;
     s1k+init) echo "$(recipe_flags vocab8k-s1k) --init-from-target" ;;
     s1k+block8) echo "--block-size 8 --train-vocab-size 8192 --train-vocab-sampled 1024" ;;
+    combo-dflare) echo "$(recipe_flags combo) --variant dflare" ;;
     combo-quarter) echo "$(recipe_flags combo) --max-train-samples ${QUARTER:-350}" ;;
     combo-tf) echo "$(recipe_flags combo) --distill-weight 1 --data $TF_DATA --eval-data $DATA --feature-cache $TF_FEATURES" ;;
     *) echo "unknown recipe $1" >&2; exit 2 ;;
