@@ -51,7 +51,7 @@ train_and_bench() {  # train_and_bench OUTPUT_NAME SWITCHES... : train (resumabl
     local resume=()
     [[ -d "$out/checkpoints" ]] && resume=(--resume)
     $HF_DFLASH train --target smollm2 --data "$DATA" --output "$out" "$@" \
-      --num-layers "$LAYERS" --block-size 16 --target-layer-ids 1,8,15,22,27 \
+      --num-layers "$LAYERS" --block-size 16 --target-layer-ids 1,8,15,22,27 --position-weighting fixed \
       --epochs "$EPOCHS" --lr 6e-4 --num-anchors 32 --max-length 512 --batch-size 1 \
       --feature-cache "$FEATURES" --num-eval-prompts 8 --eval-max-new-tokens 96 \
       --save-every 200 --logging-steps 50 --seed 0 "${resume[@]}"

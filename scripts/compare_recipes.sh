@@ -72,7 +72,9 @@ if [[ ! -s "$DATA" ]]; then
   fi
 fi
 
-COMMON=(--target smollm2 --data "$DATA" --num-layers 1 --target-layer-ids 1,8,15,22,27 --lr 6e-4
+# --position-weighting fixed: the paper's weights are the protocol's base (every recipe names what it changes),
+# whatever the trainer's default.
+COMMON=(--target smollm2 --data "$DATA" --num-layers 1 --target-layer-ids 1,8,15,22,27 --lr 6e-4 --position-weighting fixed
         --num-anchors 32 --max-length 512 --batch-size 1 --epochs 100 --max-steps "$MAX_STEPS" --seed "$SEED"
         --feature-cache "$FEATURES" --eval-split "$EVAL_SPLIT" --max-eval-samples "$MAX_EVAL_SAMPLES"
         --eval-every "$EVAL_EVERY"
@@ -108,20 +110,21 @@ recipe_flags() {
     s1k+dpace) echo "$(recipe_flags vocab8k-s1k) --position-weighting acceptance" ;;
     s1k+init) echo "$(recipe_flags vocab8k-s1k) --init-from-target" ;;
     s1k+block8) echo "--block-size 8 --train-vocab-size 8192 --train-vocab-sampled 1024" ;;
-    combo-dflare) echo "$(recipe_flags combo) --variant dflare" ;;
-    combo-quarter) echo "$(recipe_flags combo) --max-train-samples ${QUARTER:-350}" ;;
-    combo-tf) echo "$(recipe_flags combo) --distill-weight 1 --data $TF_DATA --eval-data $DATA --feature-cache $TF_FEATURES" ;;
+    best) echo "$(recipe_flags combo) --position-weighting acceptance" ;;
+    best-dflare) echo "$(recipe_flags best) --variant dflare" ;;
+    best-quarter) echo "$(recipe_flags best) --max-train-samples ${QUARTER:-350}" ;;
+    best-tf) echo "$(recipe_flags best) --distill-weight 1 --data $TF_DATA --eval-data $DATA --feature-cache $TF_FEATURES" ;;
     *) echo "unknown recipe $1" >&2; exit 2 ;;
   esac
 }
 
-# Two recipes change the data, not the loss: combo-quarter trains on a quarter of the training samples; combo-tf adds
+# Two recipes change the data, not the loss: best-quarter trains on a quarter of the training samples; best-tf adds
 # TF_COUNT teacher-forced ShareGPT conversations (scripts/build_smollm2_conversations.py) to the regenerated samples,
 # every label the target's own distribution (--distill-weight 1); both keep the held-out set of the others.
 TF_COUNT="${TF_COUNT:-600}"
 TF_DATA="$OUT/regen+tf$TF_COUNT.jsonl"
 TF_FEATURES="$OUT/features-tf$TF_COUNT"
-if [[ " $RECIPES " == *" combo-tf "* && ! -f "$TF_FEATURES/.filled" ]]; then
+if [[ " $RECIPES " == *" best-tf "* && ! -f "$TF_FEATURES/.filled" ]]; then
   if [[ ! -s "$TF_DATA" ]]; then
     $NICE "$PYTHON" scripts/build_smollm2_conversations.py --count "$TF_COUNT" --output "$OUT/tf$TF_COUNT.jsonl"
     cat "$DATA" "$OUT/tf$TF_COUNT.jsonl" > "$TF_DATA.tmp" && mv "$TF_DATA.tmp" "$TF_DATA"
@@ -130,7 +133,7 @@ if [[ " $RECIPES " == *" combo-tf "* && ! -f "$TF_FEATURES/.filled" ]]; then
   mkdir -p "$TF_FEATURES"
   find "$FEATURES" -maxdepth 1 -name '*.pt' -exec ln -f {} "$TF_FEATURES/" \;
   # shellcheck disable=SC2046
-  $NICE "$PYTHON" scripts/compare_recipes.py fill-cache "${COMMON[@]}" $(recipe_flags combo-tf) --output "$OUT/.fill-cache"
+  $NICE "$PYTHON" scripts/compare_recipes.py fill-cache "${COMMON[@]}" $(recipe_flags best-tf) --output "$OUT/.fill-cache"
   rm -rf "$OUT/.fill-cache"
   touch "$TF_FEATURES/.filled"
 fi

@@ -78,7 +78,7 @@ fi
 RESUME=()
 [[ -d "$OUTPUT/checkpoints" ]] && RESUME=(--resume)
 [[ -f "$OUTPUT/eval.json" ]] || $NICE $HF_DFLASH train --target smollm2 --data "$DATA" --output "$OUTPUT" \
-  --num-layers 1 --block-size 16 --target-layer-ids 1,8,15,22,27 --gamma 4 \
+  --num-layers 1 --block-size 16 --target-layer-ids 1,8,15,22,27 --gamma 4 --position-weighting fixed \
   --epochs 100 --max-steps "$MAX_STEPS" --max-cpu-seconds "$BUDGET" --lr 6e-4 --num-anchors 64 --max-length 512 \
   --batch-size 1 --train-vocab-size 8192 --train-vocab-sampled 1024 --distill-weight 0.5 --init-from-target \
   --draft-vocab-size 16384 --feature-cache "$FEATURES" --eval-split 0.03 --max-eval-samples 48 --eval-every 500 \

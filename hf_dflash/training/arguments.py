@@ -33,6 +33,10 @@ TRAINER_STATE_FILE = "trainer_state.json"
 ACCELERATE_STATE_DIR = "training_state"
 
 
+# What a run saved before a field existed ran with, where that is not the field's default today.
+DEFAULTS_BEFORE = {"position_weighting": "fixed"}
+
+
 # Fields that do not change the optimisation trajectory: they may differ when a run is resumed.
 NON_DEFINING_FIELDS = frozenset({
     "output_dir", "resume", "save_every", "save_total_limit", "eval_prompts", "num_eval_prompts",
@@ -47,7 +51,9 @@ def _layer_ids(text: str) -> list[int]:
 
 @dataclass
 class DFlashTrainingArguments:
-    """Arguments of :class:`DFlashTrainer` (the `hf-dflash train` command). Defaults follow the paper's recipe."""
+    """Arguments of :class:`DFlashTrainer` (the `hf-dflash train` command). Defaults follow the paper's recipe, except
+    the position weighting: measured weights (``position_weighting="acceptance"``, D-PACE-like) won at every compute
+    budget measured (BENCHMARKS.md, "Recipe options at equal CPU time")."""
 
     target: str = field(metadata={"help": "Target model: local folder or Hub id.", "required": True})
     data: str = field(metadata={"help": "Regenerated data (JSONL/Parquet/datasets folder) from `regenerate`.",
@@ -115,7 +121,7 @@ class DFlashTrainingArguments:
     max_cpu_seconds: float | None = field(default=None, metadata={
         "help": "Stop after this many CPU seconds of training steps (process CPU time, evaluation excluded; "
                 "equal-compute comparisons). The learning-rate schedule still follows --epochs / --max-steps."})
-    # recipe options (issue 13); every default keeps the paper's recipe
+    # recipe options (issue 13); the defaults keep the paper's recipe except position_weighting (measured best)
     distill_weight: float = field(default=0.0, metadata={
         "help": "Share a of distillation from the frozen target's next-token distribution at each label position: "
                 "per-token loss (1-a) CE(label) + a KL(target || drafter); 0 = hard labels only."})
@@ -125,9 +131,10 @@ class DFlashTrainingArguments:
     acceptance_loss_weight: float = field(default=0.0, metadata={
         "help": "Share l of the acceptance-aware (LK-style) loss -log(1 + sum_k prod_{j<=k} p_j(label)) per block "
                 "(the expected accepted drafts): loss = (1-l) position-weighted loss + l acceptance loss; 0 = off."})
-    position_weighting: str = field(default="fixed", metadata={
-        "help": "fixed: w_k = exp(-(k-1)/gamma); acceptance: w_k = running rate at which training drafts reach "
-                "position k (all earlier positions right), starting from the fixed weights (D-PACE-like).",
+    position_weighting: str = field(default="acceptance", metadata={
+        "help": "acceptance (default): w_k = running rate at which training drafts reach position k (all earlier "
+                "positions right), starting from the fixed weights (D-PACE-like); fixed: the paper's "
+                "w_k = exp(-(k-1)/gamma).",
         "choices": POSITION_WEIGHTINGS})
     position_weight_floor: float = field(default=0.02, metadata={
         "help": "Smallest weight of a position under --position-weighting acceptance."})
@@ -220,10 +227,10 @@ def check_output_dir(args: DFlashTrainingArguments) -> Path | None:
     if saved_file.exists():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))
         current = json.loads(json.dumps(args.run_fingerprint()))  # same JSON types as the saved copy
-        # a field added after the run started (e.g. a new recipe option) matches when it keeps its default
+        # a field added after the run started (e.g. a new recipe option) matches when it keeps the value that run had
         defaults = json.loads(json.dumps({f.name: f.default for f in fields(DFlashTrainingArguments)
-                                          if f.default is not MISSING}))
-        differ = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
+                                          if f.default is not MISSING} | DEFAULTS_BEFORE))
+        differ = {k: (saved.get(k, defaults.get(k)), current.get(k)) for k in sorted(set(saved) | set(current))
                   if saved.get(k, defaults.get(k)) != current.get(k)}
         if differ:
             details = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())

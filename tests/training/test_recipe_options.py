@@ -277,7 +277,7 @@ OPTIONS = {
     "distill-full": dict(distill_weight=1.0),  # no hard labels at all: the target's distribution alone
     "distill-top4": dict(distill_weight=0.5, distill_top_k=4),
     "acceptance-loss": dict(acceptance_loss_weight=1.0),  # the acceptance-aware loss alone
-    "dynamic-weights": dict(position_weighting="acceptance"),
+    "fixed-weights": dict(position_weighting="fixed"),  # the paper's weights (measured weights are the default)
     "train-vocab": dict(train_vocab_size=6),
     "train-vocab-sampled": dict(train_vocab_size=6, train_vocab_sampled=8),
     "init-from-target": dict(init_from_target=True),
@@ -501,7 +501,8 @@ def test_feature_cache_keeps_final_hidden_states_for_distillation(workdir, data_
 
 def test_runs_started_before_the_new_options_still_resume(workdir, data_file, target_and_tokenizer):
     target, tokenizer = target_and_tokenizer
-    args = small_args(data_file, workdir / "old-run", epochs=1, max_steps=2, eval_split=0.0, save_every=1)
+    args = small_args(data_file, workdir / "old-run", epochs=1, max_steps=2, eval_split=0.0, save_every=1,
+                      position_weighting="fixed")  # what runs before the options used
     DFlashTrainer(args, target, tokenizer).train()
     run_args = Path(args.output_dir) / "run_args.json"
     saved = json.loads(run_args.read_text())
@@ -509,8 +510,12 @@ def test_runs_started_before_the_new_options_still_resume(workdir, data_file, ta
                  "position_weight_floor", "train_vocab_size", "train_vocab_sampled", "init_from_target"):
         del saved[name]  # as written before these options existed
     run_args.write_text(json.dumps(saved))
+    # such a run used the paper's fixed position weights: resuming it asks for them, as the error says
+    with pytest.raises(ValueError, match="different run.*position_weighting: saved 'fixed', now 'acceptance'"):
+        DFlashTrainer(small_args(data_file, workdir / "old-run", epochs=1, max_steps=2, eval_split=0.0, save_every=1,
+                                 resume=True), target, tokenizer)
     resumed = DFlashTrainer(small_args(data_file, workdir / "old-run", epochs=1, max_steps=2, eval_split=0.0,
-                                       save_every=1, resume=True), target, tokenizer)
+                                       save_every=1, resume=True, position_weighting="fixed"), target, tokenizer)
     assert resumed.resume_from is not None
     with pytest.raises(ValueError, match="different run.*distill_weight"):
         DFlashTrainer(small_args(data_file, workdir / "old-run", epochs=1, max_steps=2, eval_split=0.0, save_every=1,
