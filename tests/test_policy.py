@@ -70,7 +70,7 @@ def test_default_policy_is_lossless(arch, kind, monkeypatch):
     drafter = make_drafter(target, block_size=8)
     prompt = make_prompt(11, seed=3)
     expected = plain_generate(target, prompt, max_new_tokens=48)
-    if kind == "oracle":  # CPU-like costs, frozen: the acceptance check below must not hang on a loaded machine's timings
+    if kind == "oracle":  # frozen CPU-like costs: the acceptance check must not depend on a loaded machine's timing
         table = CostTable()
         table.observe_verify(1, 0.010)
         table.observe_verify(8, 0.015)

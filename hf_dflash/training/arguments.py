@@ -52,8 +52,8 @@ def _layer_ids(text: str) -> list[int]:
 @dataclass
 class DFlashTrainingArguments:
     """Arguments of :class:`DFlashTrainer` (the `hf-dflash train` command). Defaults follow the paper's recipe, except
-    the position weighting: measured weights (``position_weighting="acceptance"``, D-PACE-like) won at every compute
-    budget measured (BENCHMARKS.md, "Recipe options at equal CPU time")."""
+    the position weighting: measured weights (``position_weighting="acceptance"``, D-PACE-like) led fixed weights at
+    every point of a 20-CPU-minute comparison (BENCHMARKS.md, "Recipe options at equal CPU time")."""
 
     target: str = field(metadata={"help": "Target model: local folder or Hub id.", "required": True})
     data: str = field(metadata={"help": "Regenerated data (JSONL/Parquet/datasets folder) from `regenerate`.",
@@ -230,8 +230,8 @@ def check_output_dir(args: DFlashTrainingArguments) -> Path | None:
         # a field added after the run started (e.g. a new recipe option) matches when it keeps the value that run had
         defaults = json.loads(json.dumps({f.name: f.default for f in fields(DFlashTrainingArguments)
                                           if f.default is not MISSING} | DEFAULTS_BEFORE))
-        differ = {k: (saved.get(k, defaults.get(k)), current.get(k)) for k in sorted(set(saved) | set(current))
-                  if saved.get(k, defaults.get(k)) != current.get(k)}
+        pairs = {k: (saved.get(k, defaults.get(k)), current.get(k)) for k in sorted(set(saved) | set(current))}
+        differ = {k: (was, now) for k, (was, now) in pairs.items() if was != now}
         if differ:
             details = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
             raise ValueError(f"Output folder {output} holds a different run ({details}). Use another --output, or the "

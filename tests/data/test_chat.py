@@ -31,7 +31,7 @@ def test_left_padded_batch_takes_lists_and_tensors():
 
 
 def test_teacher_forced_record_is_the_served_prompt_then_the_existing_response():
-    from hf_dflash.data import load_training_samples, teacher_forced_record
+    from hf_dflash.data import teacher_forced_record
 
     tokenizer = make_chatml_tokenizer()
     record = teacher_forced_record(tokenizer, "Hi", "Hello there")
@@ -39,4 +39,3 @@ def test_teacher_forced_record_is_the_served_prompt_then_the_existing_response()
     assert prompt == chat_input_ids(tokenizer, "Hi")[0].tolist()  # the same rule as regeneration and serving
     response = record["input_ids"][record["prompt_length"]:]
     assert response[-1] == tokenizer.eos_token_id and tokenizer.decode(response[:-1]) == "Hello there"
-

@@ -374,15 +374,17 @@ def test_cpu_budget_stops_training_and_still_evaluates(workdir, data_file, targe
     assert (Path(args.output_dir) / "checkpoints" / "checkpoint-1").is_dir()
 
 
+def ids(samples: list[dict]) -> list[tuple[int, ...]]:
+    """The token ids of each sample, comparable across trainers."""
+    return [tuple(map(int, s["input_ids"])) for s in samples]
+
+
 def test_max_train_samples_keeps_the_held_out_set(workdir, data_file, target_and_tokenizer):
     """A data-scaling run trains on fewer samples and is measured on exactly the same held-out samples."""
     target, tokenizer = target_and_tokenizer
     full = DFlashTrainer(small_args(data_file, workdir / "all", eval_split=0.2), target, tokenizer)
     fewer = DFlashTrainer(small_args(data_file, workdir / "fewer", eval_split=0.2, max_train_samples=3),
                           target, tokenizer)
-    def ids(samples):
-        return [list(map(int, s["input_ids"])) for s in samples]
-
     assert ids(fewer.train_samples) == ids(full.train_samples)[:3] and len(full.train_samples) > 3
     assert ids(fewer.eval_samples) == ids(full.eval_samples) != []
 
@@ -398,10 +400,6 @@ def test_eval_data_holds_out_the_same_samples_as_a_run_on_that_file(workdir, dat
     args = small_args(other, workdir / "eval-data", eval_split=0.2, eval_data=str(data_file),
                       feature_cache=str(workdir / "eval-data-cache"), max_steps=1, epochs=1)
     trainer = DFlashTrainer(args, target, tokenizer)
-
-    def ids(samples):
-        return [tuple(map(int, s["input_ids"])) for s in samples]
-
     assert ids(trainer.eval_samples) == ids(reference.eval_samples) != []
     assert [s["index"] for s in trainer.eval_samples] == [s["index"] for s in reference.eval_samples]
     assert not set(ids(trainer.eval_samples)) & set(ids(trainer.train_samples))
