@@ -25,7 +25,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import hf_dflash
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 
 
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,

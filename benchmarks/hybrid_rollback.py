@@ -17,7 +17,7 @@ import time
 import torch
 from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-from hf_dflash.generation_dflash import RecurrentStates
+from hf_dflash.cache_dflash import RecurrentStates
 
 
 def timed(fn, repeats: int) -> float:

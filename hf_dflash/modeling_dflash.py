@@ -30,8 +30,12 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 from transformers.utils import logging
 
+from .cache_dflash import cache_argument
+from .checks_dflash import check_drafter_matches_target
 from .configuration_dflash import DFlashConfig, default_target_layer_ids, validate_architecture
-from .generation_dflash import cache_argument, check_drafter_matches_target
+# Imported for its effect: loading the drafter (remote code included) routes generate(assistant_model=drafter) to the
+# DFlash loop (tests/test_checkpoint.py runs a saved drafter where hf_dflash is not importable)
+from .generation_dflash import enable_dflash_generation  # noqa: F401
 from .model_card import render_model_card
 
 
@@ -220,6 +224,10 @@ class DFlashDraftModel(DFlashPreTrainedModel):
 
     # ----------------------------------------------------------------------------------------------------------------
     # forward
+    def target_features(self, hidden_states) -> torch.Tensor:
+        """This drafter's context from a target forward's `hidden_states` (see :func:`target_features`)."""
+        return target_features(hidden_states, self.config.target_layer_ids)
+
     def project_context(self, context_hidden_states: torch.Tensor | None) -> list[torch.Tensor | None]:
         """Per drafter layer, the context it attends to: `hidden_norm(fc(features))` (DFlash, shared by all layers)
         or `hidden_norm(softmax(w_d) . features)` (DFlare layer fusion, one per layer)."""
@@ -444,6 +452,19 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 revision=revision,
                 create_pr=create_pr,
             )
+
+
+def target_features(hidden_states, layer_ids) -> torch.Tensor:
+    """The drafter's context: the target's hidden states after layers `layer_ids` (output of layer k is
+    ``hidden_states[k + 1]``), concatenated on the feature axis: [b, n, T*H]. Training and inference both call this,
+    so the drafter is trained on exactly what it reads at inference.
+
+    Example:
+        >>> states = [torch.full((1, 2, 3), float(i)) for i in range(4)]  # embeddings, then layers 0, 1, 2
+        >>> target_features(states, [0, 2])[0, 0].tolist()
+        [1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
+    """
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
 def sliding_window_mask(padding_mask, batch: int, q_len: int, kv_len: int, window: int, device) -> torch.Tensor:

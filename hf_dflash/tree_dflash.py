@@ -29,79 +29,14 @@ and sliding-window targets verify chains); ``sdpa`` or ``eager`` attention (the 
 
 import heapq
 import math
-import time
 from dataclasses import dataclass
 
 import torch
-from transformers import cache_utils
 
-
-TREE_BUDGET_KWARG = "dflash_tree_budget"
-TREE_ATTENTION = ("sdpa", "eager")
-_LINEAR_ATTENTION_LAYERS = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
-_SLIDING_WINDOW_LAYERS = tuple(
-    getattr(cache_utils, name) for name in ("DynamicSlidingWindowLayer", "StaticSlidingWindowLayer")
-    if hasattr(cache_utils, name)
-)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the setting: `generate(..., dflash_tree_budget=N)` (taken out of the call by the generate wrapper) or a generation
-# config attribute
-def requested_tree_budget(generation_config, budget=None):
-    """`budget` (the generate() argument) if given, else ``generation_config.dflash_tree_budget``; None: chain.
-    Checks ``prompt_lookup_num_tokens`` (the n-gram branch's length) too.
-
-    Example:
-        >>> from transformers import GenerationConfig
-        >>> requested_tree_budget(GenerationConfig(dflash_tree_budget=16)), requested_tree_budget(GenerationConfig())
-        (16, None)
-    """
-    budget = budget if budget is not None else getattr(generation_config, TREE_BUDGET_KWARG, None)
-    lookup = getattr(generation_config, "prompt_lookup_num_tokens", None)
-    if lookup is not None and (not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 1):
-        raise ValueError(f"prompt_lookup_num_tokens={lookup!r}: the n-gram branch's length must be an int >= 1.")
-    return budget
-
-
-def check_tree_call(target, budget, batch: int, cache=None) -> None:
-    """Raise a ValueError naming the alternative when a tree of `budget` nodes cannot be verified for this call."""
-    if budget is None:
-        return
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-        raise ValueError(
-            f"{TREE_BUDGET_KWARG}={budget!r}: the draft nodes verified per cycle must be an int >= 1 (or None for the "
-            "chain of the drafter's choices)."
-        )
-    if batch > 1:
-        raise ValueError(
-            f"{TREE_BUDGET_KWARG} with batch size {batch}: tree verification runs one sequence at a time. Drop "
-            f"{TREE_BUDGET_KWARG} to verify chains in a batch, or generate one prompt at a time with a tree."
-        )
-    name = type(target).__name__
-    if cache is None:
-        try:
-            cache = cache_utils.DynamicCache(config=target.config)
-        except Exception:  # a cache transformers cannot build from this config: judged by the loop's own cache
-            cache = None
-    layers = getattr(cache, "layers", ()) if cache is not None else ()
-    if getattr(target, "_is_stateful", False) or any(isinstance(layer, _LINEAR_ATTENTION_LAYERS) for layer in layers):
-        raise ValueError(
-            f"{TREE_BUDGET_KWARG} with {name}: a hybrid/recurrent target folds every verified token into its state, "
-            f"so it cannot verify a tree of drafts. Drop {TREE_BUDGET_KWARG} (chain verification works for it)."
-        )
-    if any(isinstance(layer, _SLIDING_WINDOW_LAYERS) for layer in layers):
-        raise ValueError(
-            f"{TREE_BUDGET_KWARG} with {name}: sliding-window layers keep a window of consecutive positions, which the "
-            f"branches of a tree are not. Drop {TREE_BUDGET_KWARG} (chain verification works for it)."
-        )
-    attention = getattr(target.config, "_attn_implementation", None)
-    if attention not in TREE_ATTENTION:
-        raise ValueError(
-            f"{TREE_BUDGET_KWARG} with attn_implementation={attention!r}: the tree mask is a 4D attention mask, which "
-            f"only {' / '.join(TREE_ATTENTION)} attention reads. Load the target with attn_implementation='sdpa', or "
-            f"drop {TREE_BUDGET_KWARG}."
-        )
+from .cache_dflash import keep_path_slots
+from .lookup_dflash import prompt_lookup
+from .policy_dflash import gemm_friendly_rows, synchronized_clock
+from .sampling_dflash import vectorizable
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -245,42 +180,6 @@ def build_tree(anchor: torch.Tensor, draft_scores: torch.Tensor, budget: int, do
     return DraftTree(tokens, parents, depths, children, log_probs=log_probs)
 
 
-def prompt_lookup(history: torch.Tensor, num_tokens: int, max_ngram: int = 2) -> list[int]:
-    """The prompt-lookup continuation (transformers' ``prompt_lookup_num_tokens`` semantics): for n-gram sizes from
-    `max_ngram` down to 1, the first (leftmost) earlier occurrence of the last n tokens of `history` [L] that has a
-    continuation; up to `num_tokens` tokens that follow it. [] when nothing matches.
-
-    Example:
-        >>> prompt_lookup(torch.tensor([5, 6, 7, 8, 9, 1, 5, 6]), num_tokens=3)
-        [7, 8, 9]
-        >>> prompt_lookup(torch.tensor([1, 2, 3]), num_tokens=3)
-        []
-    """
-    return prompt_lookup_match(history, num_tokens, max_ngram)[0]
-
-
-def prompt_lookup_match(history: torch.Tensor, num_tokens: int, max_ngram: int = 2,
-                        min_ngram: int = 1) -> tuple[list[int], int]:
-    """(:func:`prompt_lookup`'s continuation, the size of the n-gram that matched; 0 when none did), trying n-gram
-    sizes down to `min_ngram`. The size tells how much to trust the continuation: the cost-aware policy keeps
-    acceptance statistics per size.
-
-    Example:
-        >>> prompt_lookup_match(torch.tensor([5, 6, 7, 8, 9, 1, 5, 6]), num_tokens=2)
-        ([7, 8], 2)
-        >>> prompt_lookup_match(torch.tensor([5, 6, 7, 5]), num_tokens=2, min_ngram=2)
-        ([], 0)
-    """
-    length = len(history)
-    for size in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = history.unfold(0, size, 1)
-        starts = ((windows == history[-size:]).all(dim=1).nonzero().flatten() + size).tolist()
-        start = next((i for i in starts if i < length), None)
-        if start is not None:
-            return history[start : min(start + num_tokens, length)].tolist(), size
-    return [], 0
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # accepting a path
 def greedy_path(tree: DraftTree, target_scores: torch.Tensor):
@@ -341,10 +240,10 @@ def sample_path(tree: DraftTree, draft_probs: torch.Tensor, target_probs: torch.
 
 # ----------------------------------------------------------------------------------------------------------------------
 # processed target scores per node, and the cache
-def tree_scores(processors, history: torch.Tensor, tree: DraftTree, logits: torch.Tensor, vectorizable) -> torch.Tensor:
+def tree_scores(processors, history: torch.Tensor, tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
     """Processed target scores per node: row i was computed after `history` + the drafts on node i's path.
 
-    One processor call for the whole tree when `vectorizable(processors, [history])` (position-independent warpers,
+    One processor call for the whole tree when :func:`~sampling_dflash.vectorizable` (position-independent warpers,
     repetition penalty: paths are padded with the anchor, which the history holds); otherwise one call per node with
     its exact history, as plain ``generate`` makes them.
     """
@@ -380,25 +279,6 @@ def tree_attention_mask(tree: DraftTree, slot_mask, cached: int, width: int, dty
     return mask
 
 
-def keep_path_slots(cache, cached: int, rows: torch.Tensor) -> None:
-    """Move the K/V of verify-block rows `rows` (the anchor and the accepted path, ascending) to the front of the
-    block in every layer of `cache`; the caller then crops the rest of the block."""
-    for layer in getattr(cache, "layers", None) or [cache]:
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not isinstance(keys, torch.Tensor) or keys.numel() == 0:
-            continue
-        index = (cached + rows).to(keys.device)
-        keys[..., cached : cached + len(rows), :] = keys.index_select(-2, index)
-        values[..., cached : cached + len(rows), :] = values.index_select(-2, index)
-
-
-def _clock(device) -> float:
-    """perf_counter once the device's queued work is done (CUDA runs asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 class _Committed:
     """The parts of a verify forward's outputs that the output recorder reads, in the order of the committed path."""
 
@@ -417,39 +297,35 @@ class _Committed:
 class TreeVerifier:
     """Steps 3-5 of a DFlash cycle over a tree of at most `budget` drafts (batch 1), for :func:`dflash_decoding`.
 
-    `features(hidden_states)` gives the drafter's context from a target output, `vectorizable(processors,
-    histories)` says whether processors may score every node in one call, `pad_rows(n)` the row count a verify
-    forward of n rows is padded to (a GEMM-friendly one).
+    The drafter's next context comes from ``drafter.target_features``; with a cost-aware `policy`, each tree is cut
+    to the budget the policy chooses from its node probabilities (None: always `budget`). The call was checked
+    (:func:`~checks_dflash.check_tree_call`) before any work.
 
     Example:
         >>> out = target.generate(ids, assistant_model=drafter, dflash_tree_budget=16)  # doctest: +SKIP
     """
 
-    def __init__(self, budget, target, cache, forward_kwargs, logits_processor, stopping_criteria, generation_config,
-                 *, batch, features, vectorizable, pad_rows, choose_budget=None):
-        check_tree_call(target, budget, batch, cache)
-        self.budget, self.target, self.forward_kwargs = budget, target, forward_kwargs
-        # choose_budget(log_probs) -> drafts to verify (at most `budget`), from the full tree's node probabilities
-        # (best first): the cost-aware policy's choice; None: always `budget`
-        self.choose_budget = choose_budget
+    def __init__(self, budget, target, drafter, forward_kwargs, logits_processor, stopping_criteria,
+                 generation_config, policy=None):
+        self.budget, self.target, self.drafter, self.forward_kwargs = budget, target, drafter, forward_kwargs
+        self.policy = policy
         self.last_cycle = None  # (verify width, accepted drafts, seconds, the drafter's expected accepted drafts)
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = generation_config.max_length
         self.lookup_tokens = generation_config.prompt_lookup_num_tokens  # the n-gram branch (None: none)
         self.lookup_ngram = generation_config.max_matching_ngram_size or 2
-        self.features, self.vectorizable, self.pad_rows = features, vectorizable, pad_rows
         self.attention = getattr(target.config, "_attn_implementation", "sdpa")
 
     def cycle(self, rows, cache, draft_scores, stats, recorder=None, streamer=None) -> list[int]:
         """Verify a tree built from `draft_scores` [1, k, V] for the one row of `rows` and commit the accepted path.
         Returns the rows that go on (as ``_Rows.commit``)."""
-        tic = _clock(draft_scores.device)
+        tic = synchronized_clock(draft_scores.device)
         history = rows.histories[0]
         tree = build_tree(history[-1], draft_scores[0], self.budget, self.do_sample)
-        if self.choose_budget is not None:
+        if self.policy is not None:
             # the best b-node tree is the first b nodes of the best-first one; its shape never depends on the draws
-            chosen = self.choose_budget(tree.log_probs)
+            chosen = self.policy.tree_budget(tree.log_probs, batch=1, device=draft_scores.device)
             if chosen < len(tree) - 1:
                 tree = build_tree(history[-1], draft_scores[0], chosen, self.do_sample)
         expected = sum(math.exp(p) for p in tree.log_probs[1:])
@@ -457,7 +333,7 @@ class TreeVerifier:
             room = self.lookup_tokens if self.max_length is None else self.max_length - len(history) - 1
             tree.add_branch(prompt_lookup(history, min(self.lookup_tokens, room), self.lookup_ngram))
         n = len(tree)
-        width = self.pad_rows(n)
+        width = gemm_friendly_rows(n, draft_scores.device)
         cached = cache.get_seq_length()
         ids = torch.cat([tree.tokens, tree.tokens[:1].expand(width - n)])[None]
         depths = torch.tensor(tree.depths + [0] * (width - n), device=ids.device)
@@ -468,12 +344,12 @@ class TreeVerifier:
             input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **self.forward_kwargs
         )
         raw = outputs.logits[0, :n].float()
-        processed = tree_scores(self.logits_processor, history, tree, raw, self.vectorizable)
+        processed = tree_scores(self.logits_processor, history, tree, raw)
         if self.do_sample:
             path, last = sample_path(tree, draft_scores[0].float().softmax(-1), processed.softmax(-1))
         else:
             path, last = greedy_path(tree, processed)
-        seconds = _clock(draft_scores.device) - tic
+        seconds = synchronized_clock(draft_scores.device) - tic
         stats.verify_seconds += seconds
         self.last_cycle = (width, len(path), seconds, expected)
 
@@ -483,11 +359,10 @@ class TreeVerifier:
         order = torch.cat([kept, rest])
         keep_path_slots(cache, cached, kept)
         accepted = torch.tensor([len(path)], device=ids.device)
-        stats._add_verification(rows.ids, accepted)
-        stats.drafts_per_cycle.append(n - 1)
+        stats.add_verification(rows.ids, accepted, num_drafts=n - 1)
         tokens = torch.cat([tree.tokens[kept[1:]], tree.tokens.new_tensor([last])])[None]
         running, committed = rows.commit(
-            accepted, tokens, processed[kept][None], self.features(outputs.hidden_states)[:, order],
+            accepted, tokens, processed[kept][None], self.drafter.target_features(outputs.hidden_states)[:, order],
             positions[:, order], cache, cached, self.stopping_criteria,
         )
         if recorder is not None:

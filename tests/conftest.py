@@ -29,7 +29,8 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
 from hf_dflash.cli import main
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
+from hf_dflash.policy_dflash import cost_tables
 from hf_dflash.models import load_target
 from hf_dflash.training import DFlashTrainingArguments
 
@@ -42,7 +43,7 @@ settings.register_profile("explore", deadline=None, suppress_health_check=[Healt
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))  # "explore": fresh random examples
 
 VOCAB = 96
-LIBRARY_DEFAULT_POLICY = hf_dflash.generation_dflash.DEFAULT_POLICY
+LIBRARY_DEFAULT_POLICY = hf_dflash.checks_dflash.DEFAULT_POLICY
 
 
 @pytest.fixture(autouse=True)
@@ -51,8 +52,14 @@ def full_block_policy(monkeypatch):
     most assert what drafting does (acceptances, proposals, laws of drafted tokens), which the cost-aware default
     would replace by plain steps whenever drafting does not pay. tests/test_policy.py and tests/test_families.py
     test the default policy."""
-    monkeypatch.setattr(hf_dflash.generation_dflash, "DEFAULT_POLICY", "full")
+    monkeypatch.setattr(hf_dflash.checks_dflash, "DEFAULT_POLICY", "full")
 ARCHS = ("qwen3", "llama")
+
+
+def install_cost_table(monkeypatch, target, table, batch: int = 1) -> None:
+    """The cost-aware policy reads `table` for `target` on the CPU at `batch` until the test ends (then the
+    process-wide tables are as before: no test sees another's costs)."""
+    monkeypatch.setitem(cost_tables(target), ("cpu", str(target.dtype), batch), table)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -179,9 +186,100 @@ def scripted_drafts(continuation, corrupt: float = 0.0, seed: int = 0, vocab_siz
         DFlashCandidateGenerator.propose = original
 
 
+@contextlib.contextmanager
+def ranked_drafts(continuation, second: float = 1.0, seed: int = 0):
+    """Inside the block, a DFlash drafter's distribution at each position ranks `continuation`'s token (the target's
+    own greedy choice) SECOND behind a decoy with probability `second` (first otherwise; seeded), every other token far
+    below. Its argmax (what a chain verifies) is then the decoy; a tree with a budget of 2 per level also has the
+    target's token. Beyond the continuation the drafter's own argmax is ranked first."""
+    continuation = [int(t) for t in torch.as_tensor(continuation).reshape(-1)]
+    rng = random.Random(seed)
+    original = DFlashCandidateGenerator.propose
+
+    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
+        drafts, scores = original(self, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
+        cur, vocab = len(histories[0]), scores.shape[-1]
+        if not hasattr(self, "_script_start"):
+            self._script_start = cur - 1  # first call comes right after the prefill token
+        ranked = torch.full_like(scores, -6.0)
+        for j in range(scores.shape[1]):
+            index = cur - self._script_start + j
+            right = continuation[index] if index < len(continuation) else int(drafts[0, j])
+            decoy = (right + 1 + j) % vocab
+            top, runner_up = (decoy, right) if rng.random() < second else (right, decoy)
+            ranked[0, j, top], ranked[0, j, runner_up] = 3.0, 2.0
+        return ranked.argmax(-1), ranked
+
+    DFlashCandidateGenerator.propose = propose
+    try:
+        yield
+    finally:
+        DFlashCandidateGenerator.propose = original
+
+
+def sequences(output) -> torch.Tensor:
+    """The token ids of a generate() output (a tensor, or a GenerateOutput's `.sequences`)."""
+    return output.sequences if hasattr(output, "sequences") else output
+
+
 def new_tokens(output, prompt) -> torch.Tensor:
-    sequences = output.sequences if hasattr(output, "sequences") else output
-    return sequences[0, prompt.shape[1] :]
+    return sequences(output)[0, prompt.shape[1] :]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# lossless: the drafter's output equals plain generate's, token for token, whatever the drafter proposes
+DRAFTER_KINDS = ("random", "oracle", "noisy")
+
+
+def drafts_for(kind: str, reference, prompt, seed: int = 0, corrupt: float = 0.3):
+    """Context in which every DFlash drafter proposes: "random" its own (untrained) drafts; "oracle" the new tokens
+    of `reference` (point masses; a tree of them is a chain); "noisy" those with a share `corrupt` replaced;
+    "ranked" / "half-ranked" a distribution that ranks the reference token second behind a decoy always / half of
+    the time (a chain rejects it, a tree finds it). Yields the scripted proposals (oracle, noisy), [] or None."""
+    continuation = new_tokens(reference, prompt)
+    if kind == "random":
+        return contextlib.nullcontext([])
+    if kind in ("oracle", "noisy"):
+        return scripted_drafts(continuation, corrupt=corrupt if kind == "noisy" else 0.0, seed=seed)
+    if kind in ("ranked", "half-ranked"):
+        return ranked_drafts(continuation, second=1.0 if kind == "ranked" else 0.5, seed=seed)
+    raise ValueError(f"unknown drafter kind {kind!r}")
+
+
+def assert_same(got, expected, what: str = "", target=None) -> None:
+    """The two generate() outputs hold the same tokens. The message says where they first differ and, given the
+    `target`, its top-2 logits there (a near-tie shows a tiny gap)."""
+    got, expected = sequences(got), sequences(expected)
+    if got.tolist() == expected.tolist():
+        return
+    row = next((r for r, (a, b) in enumerate(zip(got.tolist(), expected.tolist())) if a != b), 0)
+    a, b = got[row].tolist(), expected[row].tolist()
+    position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    message = f"{what}first difference at row {row}, position {position}"
+    if target is not None and 0 < position < expected.shape[1]:
+        with torch.no_grad():
+            top = target(expected[row : row + 1, :position]).logits[0, -1].topk(2).values.tolist()
+        message += f"; target top-2 logits there {top} (gap {top[0] - top[1]:.3g})"
+    raise AssertionError(f"{message}\n got      {got.tolist()}\n expected {expected.tolist()}")
+
+
+def assert_lossless(target, drafter, prompt, kinds=DRAFTER_KINDS, *, reference=None, seed=0, corrupt=0.3,
+                    assisted=None, check=None, **kwargs):
+    """Plain ``target.generate(prompt, **kwargs)`` (greedy unless `kwargs` say otherwise), then for each drafter kind
+    the same call with ``assistant_model=drafter`` and the drafter-only options `assisted` (a tree budget, a policy, a
+    streamer), inside ``drafts_for(kind, reference or the plain output, prompt, seed, corrupt)``: each must give the
+    same tokens. After each kind's run, ``check(kind, got, expected, proposals)`` adds the test's own assertions
+    (``drafter.last_stats`` is that run's). Returns the plain output."""
+    kwargs.setdefault("do_sample", False)
+    expected = plain_generate(target, prompt, **kwargs)
+    logits_of = None if "attention_mask" in kwargs else target  # for the message: unpadded prompts only
+    for kind in kinds:
+        with drafts_for(kind, expected if reference is None else reference, prompt, seed, corrupt) as proposals:
+            got = target.generate(prompt, assistant_model=drafter, **(assisted or {}), **kwargs)
+        assert_same(got, expected, f"drafter kind {kind!r}: ", logits_of)
+        if check is not None:
+            check(kind, got, expected, proposals)
+    return expected
 
 
 @contextlib.contextmanager
@@ -206,6 +304,9 @@ class CollectingStreamer(BaseStreamer):
     """Collects every token id generate streams (prompt first), and whether end() was called."""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self):
         self.tokens = []
         self.puts = 0
         self.ended = False

@@ -18,7 +18,7 @@ from conftest import (
     row_new_tokens,
 )
 
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 
 
 @contextlib.contextmanager

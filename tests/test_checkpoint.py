@@ -74,7 +74,8 @@ def test_saved_folder_is_the_zlab_layout(saved):
 def test_remote_code_payload_is_flat_and_imports_only_torch_and_transformers(saved):
     folder = saved[2] / "drafter"
     payload = sorted(p.name for p in folder.glob("*.py"))
-    assert {"configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py", "tree_dflash.py"} <= set(payload)
+    package = {p.name for p in Path(hf_dflash.__file__).parent.glob("*_dflash.py")}
+    assert package <= set(payload), f"save_pretrained must copy every payload module; missing {package - set(payload)}"
     allowed = {"torch", "transformers", "huggingface_hub", "hf_dflash"} | set(sys.stdlib_module_names)
     for name in payload:
         tree = ast.parse((folder / name).read_text())
@@ -291,14 +292,14 @@ def test_a_draft_vocabulary_only_proposes_its_tokens_and_stays_lossless(saved):
     restricted = DFlashDraftModel.from_pretrained(root / "drafter").eval()
     restricted.set_draft_vocabulary(DRAFT_IDS)
     proposed = []
-    original = hf_dflash.generation_dflash.DFlashCandidateGenerator.propose
+    original = hf_dflash.candidates_dflash.DFlashCandidateGenerator.propose
 
     def spy(self, *args, **kwargs):
         drafts, scores = original(self, *args, **kwargs)
         proposed.extend(drafts.flatten().tolist())
         return drafts, scores
 
-    hf_dflash.generation_dflash.DFlashCandidateGenerator.propose = spy
+    hf_dflash.candidates_dflash.DFlashCandidateGenerator.propose = spy
     try:
         for seed in range(4):
             assert torch.equal(greedy(target, restricted, seed=seed), greedy(target, seed=seed))
@@ -307,5 +308,5 @@ def test_a_draft_vocabulary_only_proposes_its_tokens_and_stays_lossless(saved):
             sampled = target.generate(ids, max_new_tokens=16, do_sample=True, top_k=1, assistant_model=restricted)
             assert torch.equal(sampled, greedy(target, seed=seed, new=16))  # top_k=1: the greedy law
     finally:
-        hf_dflash.generation_dflash.DFlashCandidateGenerator.propose = original
+        hf_dflash.candidates_dflash.DFlashCandidateGenerator.propose = original
     assert proposed and set(proposed) <= set(DRAFT_IDS)

@@ -61,13 +61,13 @@ def test_bench_batch_sizes_command(tiny_folder, fake_eval_wheels, tmp_path, caps
 
 def test_bench_batch_sizes_reports_differing_outputs_and_bad_sizes(tiny_folder, fake_eval_wheels, tmp_path,
                                                                   monkeypatch, capsys):
-    import hf_dflash.generation_dflash as generation
+    import hf_dflash.sampling_dflash as sampling
 
     def accept_every_draft(drafts, target_scores):  # a lossy verifier: the bench must notice
         return drafts.new_full((drafts.shape[0],), drafts.shape[1]), target_scores.argmax(-1)
 
     with monkeypatch.context() as patch:
-        patch.setattr(generation, "greedy_accept", accept_every_draft)
+        patch.setattr(sampling, "greedy_accept", accept_every_draft)
         assert cli.main(_bench_batch_sizes(tiny_folder, tmp_path, "2")) == 1
     assert json.loads((tmp_path / "batch.json").read_text())[0]["identical"] is False
     capsys.readouterr()

@@ -17,7 +17,7 @@ import transformers as T
 from conftest import plain_generate
 
 import hf_dflash
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 
 
 VOCAB, WINDOW = 96, 8
@@ -292,7 +292,7 @@ def test_sliding_window_drafter_is_lossless_and_drafts_as_without_cache(family):
         DFlashCandidateGenerator.propose = original
     history = seen[-1][0]  # the last drafting call: its context is every committed token but the anchor
     out = target(input_ids=history[None, :-1], output_hidden_states=True)
-    features = hf_dflash.generation_dflash.target_features(out.hidden_states, drafter.config.target_layer_ids)
+    features = hf_dflash.modeling_dflash.target_features(out.hidden_states, drafter.config.target_layer_ids)
     anchor = len(history) - 1
     block = target.get_input_embeddings()(
         torch.tensor([[int(history[-1])] + [drafter.config.mask_token_id] * 3]))
@@ -301,7 +301,7 @@ def test_sliding_window_drafter_is_lossless_and_drafts_as_without_cache(family):
     cached = generator.cache
     first = target(input_ids=history[None, :-1], output_hidden_states=True)  # same features, fed in two parts
     split = anchor - 3
-    part1 = hf_dflash.generation_dflash.target_features(first.hidden_states, drafter.config.target_layer_ids)
+    part1 = hf_dflash.modeling_dflash.target_features(first.hidden_states, drafter.config.target_layer_ids)
     drafter(noise_embeds=block, context_hidden_states=part1[:, :split], position_ids=torch.arange(split + 4)[None],
             past_key_values=cached)
     cached.crop(-4)

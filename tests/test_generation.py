@@ -1,13 +1,14 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """Issue 2, lossless verification: greedy generate(assistant_model=drafter) equals generate() token for token."""
 
-import contextlib
-
 import pytest
 import torch
 from conftest import (
+    DRAFTER_KINDS,
     VOCAB,
     CollectingStreamer,
+    assert_lossless,
+    assert_same,
     make_drafter,
     make_prompt,
     make_target,
@@ -19,22 +20,10 @@ from transformers import TextStreamer, pipeline
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
 import hf_dflash
-from hf_dflash.generation_dflash import DFlashCandidateGenerator
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 
 BLOCK_SIZES = (2, 3, 8, 15, 16)
 PROMPT_LENGTHS = (1, 7, 40)
-DRAFTER_KINDS = ("random", "oracle", "noisy")
-
-
-def drafts_for(kind, reference, prompt, seed=0):
-    """Context in which the drafter proposes randomly, perfectly (oracle) or partly wrong (noisy oracle)."""
-    if kind == "random":
-        return contextlib.nullcontext([])
-    return scripted_drafts(new_tokens(reference, prompt), corrupt=0.3 if kind == "noisy" else 0.0, seed=seed)
-
-
-def assert_same(got, expected):
-    assert got.tolist() == expected.tolist(), f"\n got      {got.tolist()}\n expected {expected.tolist()}"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -45,10 +34,7 @@ def test_greedy_matches_plain_generate(target, block_size, kind):
     drafter = make_drafter(target, block_size)
     for length in PROMPT_LENGTHS:
         prompt = make_prompt(length, seed=length)
-        expected = plain_generate(target, prompt, max_new_tokens=24)
-        with drafts_for(kind, expected, prompt, seed=length):
-            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False)
-        assert_same(got, expected)
+        assert_lossless(target, drafter, prompt, (kind,), seed=length, max_new_tokens=24)
         stats = drafter.last_stats
         assert stats is not None and stats.block_size == block_size and stats.new_tokens == 24
         assert all(1 <= a <= block_size for a in stats.acceptance_lengths)
@@ -61,14 +47,14 @@ def test_max_new_tokens_reached_mid_block(qwen3_target, max_new_tokens):
     target = qwen3_target
     drafter = make_drafter(target, block_size=8)
     prompt = make_prompt(5, seed=3)
-    expected = plain_generate(target, prompt, max_new_tokens=max_new_tokens)
-    for kind in ("oracle", "noisy", "random"):
-        with drafts_for(kind, plain_generate(target, prompt, max_new_tokens=40), prompt):
-            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=max_new_tokens)
-        assert_same(got, expected)
+
+    def check(kind, got, expected, proposals):
         assert got.shape[1] == prompt.shape[1] + max_new_tokens
         # one token from the prefill, every other token from a verification
         assert sum(drafter.last_stats.acceptance_lengths) == max_new_tokens - 1
+
+    assert_lossless(target, drafter, prompt, reference=plain_generate(target, prompt, max_new_tokens=40), check=check,
+                    max_new_tokens=max_new_tokens)
 
 
 def test_acceptance_statistics(qwen3_target):
@@ -114,17 +100,16 @@ def test_eos_inside_accepted_block(target, block_size):
     drafter = make_drafter(target, block_size)
     prompt = make_prompt(9, seed=11)
     eos, index = _eos_inside_block(target, prompt, block_size)
-    expected = plain_generate(target, prompt, max_new_tokens=40, eos_token_id=eos)
-    assert expected.shape[1] == prompt.shape[1] + index + 1 and expected[0, -1] == eos  # stops right after EOS
-    reference = plain_generate(target, prompt, max_new_tokens=40)
-    for kind in ("oracle", "noisy", "random"):
-        with drafts_for(kind, reference, prompt) as proposals:
-            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, eos_token_id=eos)
-        assert_same(got, expected)
+
+    def check(kind, got, expected, proposals):
         if kind == "oracle":
             # the EOS was a draft, accepted together with the drafts after it, which must be dropped
             assert any(eos in p for p in proposals)
             assert sum(drafter.last_stats.acceptance_lengths) > index
+
+    expected = assert_lossless(target, drafter, prompt, reference=plain_generate(target, prompt, max_new_tokens=40),
+                               check=check, max_new_tokens=40, eos_token_id=eos)
+    assert expected.shape[1] == prompt.shape[1] + index + 1 and expected[0, -1] == eos  # stops right after EOS
 
 
 def test_eos_from_generation_config_and_pad(qwen3_target):
@@ -147,11 +132,9 @@ def test_eos_with_min_new_tokens(qwen3_target, min_new_tokens):
     drafter = make_drafter(target, 8)
     prompt = make_prompt(9, seed=11)
     eos, index = _eos_inside_block(target, prompt, 8)
-    kwargs = dict(max_new_tokens=30, eos_token_id=eos, min_new_tokens=min_new_tokens)
-    expected = plain_generate(target, prompt, **kwargs)
-    for kind in ("oracle", "random"):
-        with drafts_for(kind, plain_generate(target, prompt, max_new_tokens=40), prompt):
-            assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
+    assert_lossless(target, drafter, prompt, ("oracle", "random"),
+                    reference=plain_generate(target, prompt, max_new_tokens=40), max_new_tokens=30, eos_token_id=eos,
+                    min_new_tokens=min_new_tokens)
 
 
 def test_stop_strings_inside_block(target, tokenizer):
@@ -172,9 +155,7 @@ def test_stop_strings_inside_block(target, tokenizer):
     else:
         pytest.skip("no usable stop string")
     assert tokenizer.decode(expected[0]).endswith(stop)
-    for kind in ("oracle", "noisy", "random"):
-        with drafts_for(kind, reference, prompt):
-            assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
+    assert_lossless(target, drafter, prompt, reference=reference, **kwargs)
 
 
 @pytest.mark.parametrize("penalty", [1.3, 0.8])
@@ -182,11 +163,7 @@ def test_repetition_penalty_greedy(target, penalty):
     drafter = make_drafter(target, 8)
     for length in (1, 12):
         prompt = make_prompt(length, seed=30 + length)
-        kwargs = dict(max_new_tokens=30, repetition_penalty=penalty)
-        expected = plain_generate(target, prompt, **kwargs)
-        for kind in DRAFTER_KINDS:
-            with drafts_for(kind, expected, prompt):
-                assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
+        assert_lossless(target, drafter, prompt, max_new_tokens=30, repetition_penalty=penalty)
 
 
 def test_other_processors_greedy(qwen3_target):
@@ -195,17 +172,16 @@ def test_other_processors_greedy(qwen3_target):
     drafter = make_drafter(target, 8)
     prompt = make_prompt(10, seed=41)
     first = new_tokens(plain_generate(target, prompt, max_new_tokens=30), prompt).tolist()
-    kwargs = dict(
+    assert_lossless(
+        target,
+        drafter,
+        prompt,
         max_new_tokens=30,
         suppress_tokens=[first[2]],
         bad_words_ids=[[first[4], first[5]]],
         no_repeat_ngram_size=3,
         sequence_bias={(first[7],): 1.5},
     )
-    expected = plain_generate(target, prompt, **kwargs)
-    for kind in DRAFTER_KINDS:
-        with drafts_for(kind, expected, prompt):
-            assert_same(target.generate(prompt, assistant_model=drafter, **kwargs), expected)
 
 
 def test_left_padding_attention_mask(qwen3_target):
@@ -216,12 +192,8 @@ def test_left_padding_attention_mask(qwen3_target):
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(prompt)], dim=1)
     for kwargs in (dict(max_new_tokens=20), dict(max_new_tokens=20, repetition_penalty=1.5)):
-        expected = plain_generate(target, padded, attention_mask=mask, **kwargs)
+        expected = assert_lossless(target, drafter, padded, attention_mask=mask, **kwargs)
         assert expected.shape[1] == padded.shape[1] + 20
-        for kind in DRAFTER_KINDS:
-            with drafts_for(kind, expected, padded):
-                got = target.generate(padded, attention_mask=mask, assistant_model=drafter, **kwargs)
-            assert_same(got, expected)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -238,25 +210,25 @@ def test_dict_outputs_match_plain_generate(target, kind):
         output_hidden_states=True,
         repetition_penalty=1.2,
     )
-    expected = plain_generate(target, prompt, **kwargs)
-    with drafts_for(kind, expected.sequences, prompt):
-        got = target.generate(prompt, assistant_model=drafter, **kwargs)
-    assert type(got) is type(expected)
-    assert_same(got.sequences, expected.sequences)
-    assert len(got.scores) == len(expected.scores) == len(got.logits) == len(expected.logits) == 19
-    for a, b in zip(got.scores, expected.scores):
-        assert a.shape == b.shape == (1, VOCAB)
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    for a, b in zip(got.logits, expected.logits):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    assert len(got.hidden_states) == len(expected.hidden_states) == 19
-    layers = target.config.num_hidden_layers + 1
-    for step, (a, b) in enumerate(zip(got.hidden_states, expected.hidden_states)):
-        assert len(a) == len(b) == layers
-        for x, y in zip(a, b):
-            assert x.shape == y.shape == (1, prompt.shape[1] if step == 0 else 1, target.config.hidden_size)
-            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
-    assert got.past_key_values.get_seq_length() == expected.past_key_values.get_seq_length()
+
+    def check(kind, got, expected, proposals):
+        assert type(got) is type(expected)
+        assert len(got.scores) == len(expected.scores) == len(got.logits) == len(expected.logits) == 19
+        for a, b in zip(got.scores, expected.scores):
+            assert a.shape == b.shape == (1, VOCAB)
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        for a, b in zip(got.logits, expected.logits):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert len(got.hidden_states) == len(expected.hidden_states) == 19
+        layers = target.config.num_hidden_layers + 1
+        for step, (a, b) in enumerate(zip(got.hidden_states, expected.hidden_states)):
+            assert len(a) == len(b) == layers
+            for x, y in zip(a, b):
+                assert x.shape == y.shape == (1, prompt.shape[1] if step == 0 else 1, target.config.hidden_size)
+                torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+        assert got.past_key_values.get_seq_length() == expected.past_key_values.get_seq_length()
+
+    assert_lossless(target, drafter, prompt, (kind,), check=check, **kwargs)
 
 
 def test_dict_outputs_scores_only(qwen3_target):
@@ -276,15 +248,16 @@ def test_dict_outputs_scores_only(qwen3_target):
 def test_streamer_collects_the_output(target):
     drafter = make_drafter(target, 8)
     prompt = make_prompt(5, seed=71)
-    expected = plain_generate(target, prompt, max_new_tokens=26)
-    for kind in ("oracle", "noisy"):
-        streamer = CollectingStreamer()
-        with drafts_for(kind, expected, prompt):
-            got = target.generate(prompt, assistant_model=drafter, max_new_tokens=26, streamer=streamer)
-        assert_same(got, expected)
+    streamer = CollectingStreamer()
+
+    def check(kind, got, expected, proposals):
         assert streamer.tokens == got[0].tolist() and streamer.ended
         if kind == "oracle":  # whole blocks are streamed at once
             assert streamer.puts == 2 + drafter.last_stats.num_verifications
+        streamer.reset()  # empty for the next kind
+
+    assert_lossless(target, drafter, prompt, ("oracle", "noisy"), assisted=dict(streamer=streamer), check=check,
+                    max_new_tokens=26)
 
 
 def test_text_streamer(qwen3_target, tokenizer, capsys):
@@ -468,10 +441,7 @@ def test_candidate_generator_api(qwen3_target):
 def test_draft_length_settings_stay_lossless(target, kind, settings):
     drafter = make_drafter(target, block_size=8)
     prompt = make_prompt(7, seed=11)
-    expected = plain_generate(target, prompt, max_new_tokens=30)
-    with drafts_for(kind, expected, prompt, seed=2):
-        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=30, **settings)
-    assert_same(got, expected)
+    assert_lossless(target, drafter, prompt, (kind,), seed=2, assisted=settings, max_new_tokens=30)
     lengths = drafter.last_stats.acceptance_lengths
     assert sum(lengths) == 29
     if settings.get("num_assistant_tokens_schedule") is None:  # constant cap: never more than cap + 1 per cycle

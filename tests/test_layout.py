@@ -11,7 +11,24 @@ import pytest
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_dflash"
-PAYLOAD = ("configuration_dflash", "modeling_dflash", "generation_dflash", "tree_dflash", "model_card")
+PAYLOAD = (
+    "configuration_dflash", "model_card",
+    # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
+    "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
+    "checks_dflash", "rows_dflash",
+    "candidates_dflash", "tree_dflash",
+    "modeling_dflash", "generation_dflash",
+)
+# The generation side of the payload, bottom up: a module may import siblings of lower floors only.
+FLOORS = (
+    ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
+     "model_card"),
+    ("checks_dflash", "rows_dflash"),
+    ("candidates_dflash", "tree_dflash"),
+    ("generation_dflash",),
+    ("modeling_dflash",),  # imports the loop module so that loading a drafter installs the routing
+)
+MAX_MODULE_LINES = 600
 # Each module may import modules of its own layer or of the layers before it, never after.
 LAYERS = (
     ("hf_dflash",) + tuple(f"hf_dflash.{name}" for name in PAYLOAD),
@@ -111,6 +128,30 @@ def test_payload_imports_only_torch_transformers_and_siblings(name):
     bad = sorted(m for m in imported_modules(PACKAGE / f"{name}.py")
                  if m.split(".")[0] not in allowed_roots and m not in siblings)
     assert not bad, f"{name}.py is copied next to published weights; it may not import {bad}"
+
+
+def test_payload_floors():
+    floor = {name: i for i, names in enumerate(FLOORS) for name in names}
+    assert set(floor) == set(PAYLOAD), "every payload module has a floor in FLOORS"
+    wrong = []
+    for name in PAYLOAD:
+        for imported in own_imports(PACKAGE / f"{name}.py"):
+            sibling = imported.removeprefix("hf_dflash.")
+            if sibling in floor and floor[sibling] >= floor[name] and sibling != name:
+                wrong.append(f"{name} (floor {floor[name]}) imports {sibling} (floor {floor[sibling]})")
+    assert not wrong, wrong
+
+
+def test_modules_stay_small():
+    """One concept per module: none of the package's modules grows past MAX_MODULE_LINES lines, and the loop reads
+    as its numbered steps in one screen."""
+    long = {module: n for module, path in package_modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
+    source = (PACKAGE / "generation_dflash.py").read_text(encoding="utf-8")
+    loop = next(node for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef) and node.name == "dflash_decoding")
+    assert loop.end_lineno - loop.lineno + 1 < 80
 
 
 def test_tests_import_no_other_test_module():

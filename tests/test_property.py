@@ -1,16 +1,14 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """Property: for random tiny targets, prompts, block sizes and drafters, greedy DFlash output == plain generate."""
 
-import contextlib
-
-import torch
 from conftest import (
+    DRAFTER_KINDS,
+    assert_lossless,
     cached_target,
     make_drafter,
     make_prompt,
     new_tokens,
     plain_generate,
-    scripted_drafts,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,19 +28,6 @@ def target_configs(draw):
     )
 
 
-def _mismatch_report(target, prompt, expected, got) -> str:
-    """Where the outputs first differ, and the target's top-2 logit gap there (a near-tie shows a tiny gap)."""
-    exp, out = expected[0].tolist(), got[0].tolist()
-    first = next((i for i, (a, b) in enumerate(zip(exp, out)) if a != b), min(len(exp), len(out)))
-    report = f"first difference at position {first} (prompt length {prompt.shape[1]}): expected {exp} got {out}"
-    if prompt.shape[1] <= first < len(exp):
-        with torch.no_grad():
-            logits = target(expected[:, :first]).logits[0, -1]
-        top = logits.topk(2)
-        report += f"; target top-2 logits there {top.values.tolist()} (gap {float(top.values[0] - top.values[1]):.3g})"
-    return report
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     config=target_configs(),
@@ -50,7 +35,7 @@ def _mismatch_report(target, prompt, expected, got) -> str:
     prompt_seed=st.integers(0, 10_000),
     block_size=st.integers(2, 16),
     drafter_layers=st.integers(1, 2),
-    kind=st.sampled_from(["random", "oracle", "noisy"]),
+    kind=st.sampled_from(DRAFTER_KINDS),
     corrupt=st.sampled_from([0.1, 0.3, 0.7]),
     max_new_tokens=st.integers(1, 24),
     eos_pick=st.one_of(st.none(), st.integers(0, 23)),
@@ -71,9 +56,6 @@ def test_greedy_equals_plain_generate(
     continuation = new_tokens(reference, prompt)
     if eos_pick is not None and eos_pick < continuation.shape[0]:
         kwargs["eos_token_id"] = int(continuation[eos_pick])
-        expected = plain_generate(target, prompt, **kwargs)
-    else:
-        expected = reference
     # feature layers: the default rule, or any 1-3 layers of the target (the number of features need not equal
     # the drafter's depth)
     depth = config["num_hidden_layers"]
@@ -85,13 +67,8 @@ def test_greedy_equals_plain_generate(
     drafter = make_drafter(
         target, block_size, num_hidden_layers=drafter_layers, seed=prompt_seed, target_layer_ids=layer_ids
     )
-    if kind == "random":
-        context = contextlib.nullcontext()
-    else:
-        context = scripted_drafts(continuation, corrupt=corrupt if kind == "noisy" else 0.0, seed=prompt_seed)
-    with context:
-        got = target.generate(prompt, assistant_model=drafter, do_sample=False, **kwargs)
-    assert got.tolist() == expected.tolist(), _mismatch_report(target, prompt, expected, got)
+    expected = assert_lossless(target, drafter, prompt, (kind,), reference=reference, seed=prompt_seed,
+                               corrupt=corrupt, **kwargs)
     stats = drafter.last_stats
     assert stats.new_tokens == expected.shape[1] - prompt.shape[1]
     assert all(1 <= a <= block_size for a in stats.acceptance_lengths)

@@ -23,11 +23,8 @@ from conftest import (
 )
 from transformers.generation import logits_process as lp
 
-from hf_dflash.generation_dflash import (
-    DFlashCandidateGenerator,
-    processed_verify_scores,
-    speculative_accept,
-)
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
+from hf_dflash.sampling_dflash import processed_verify_scores, speculative_accept
 
 def test_chi_square_pvalue_sanity():
     # chi2(1) survival at 3.841 is 0.05; chi2(4) at 9.488 is 0.05

@@ -22,7 +22,8 @@ import torch
 from conftest import P_THRESHOLD, cached_target, chi_square_pvalue, left_padded
 
 import hf_dflash
-from hf_dflash.generation_dflash import CostAwarePolicy, DFlashCandidateGenerator
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
+from hf_dflash.policy_dflash import CostAwarePolicy
 
 VOCAB = 8
 NEW = 5  # new tokens checked: the prefill's token, then cycles of up to 3 drafts with block 4 (several cycles)
@@ -223,9 +224,9 @@ WRONG_SAMPLERS = {"row_zero_target": _row_zero_target, "always_accept": _always_
 
 
 def plant(monkeypatch, name: str) -> None:
-    import hf_dflash.generation_dflash as generation
+    import hf_dflash.sampling_dflash as sampling
 
-    monkeypatch.setattr(generation, "speculative_accept", WRONG_SAMPLERS[name](generation.speculative_accept))
+    monkeypatch.setattr(sampling, "speculative_accept", WRONG_SAMPLERS[name](sampling.speculative_accept))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ same harness. Calls a tree cannot serve (batches, hybrid and sliding-window targ
 """
 
 import collections
-import contextlib
 import dataclasses
 import itertools
 import math
@@ -22,25 +21,25 @@ from conftest import (
     ARCHS,
     P_THRESHOLD,
     CollectingStreamer,
+    assert_lossless,
+    assert_same,
     cached_target,
     chi_square_pvalue,
     exact_distribution,
+    install_cost_table,
     make_drafter,
     make_prompt,
     make_target,
     new_tokens,
     plain_generate,
+    ranked_drafts,
     scripted_drafts,
 )
 from transformers import pipeline
 
-from hf_dflash import tree_dflash
-from hf_dflash.generation_dflash import _COST_TABLES, CostAwarePolicy, CostTable, DFlashCandidateGenerator
+from hf_dflash import lookup_dflash, tree_dflash
+from hf_dflash.policy_dflash import CostAwarePolicy, CostTable
 from hf_dflash.tree_dflash import build_tree, greedy_path, sample_path, tree_shape
-
-
-def assert_same(got, expected):
-    assert got.tolist() == expected.tolist()
 
 
 def tree_generate(target, drafter, prompt, budget, **kwargs):
@@ -48,51 +47,9 @@ def tree_generate(target, drafter, prompt, budget, **kwargs):
     return target.generate(prompt, assistant_model=drafter, dflash_tree_budget=budget, **kwargs)
 
 
-@contextlib.contextmanager
-def ranked_drafts(continuation, second: float = 1.0, seed: int = 0):
-    """Inside the block, a DFlash drafter's distribution at each position ranks `continuation`'s token (the target's
-    own greedy choice) SECOND behind a decoy with probability `second` (first otherwise; seeded), every other token far
-    below. Its argmax (what a chain verifies) is then the decoy; a tree with a budget of 2 per level also has the
-    target's token. Beyond the continuation the drafter's own argmax is ranked first."""
-    continuation = [int(t) for t in torch.as_tensor(continuation).reshape(-1)]
-    rng = random.Random(seed)
-    original = DFlashCandidateGenerator.propose
-
-    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
-        drafts, scores = original(self, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
-        cur, vocab = len(histories[0]), scores.shape[-1]
-        if not hasattr(self, "_script_start"):
-            self._script_start = cur - 1  # first call comes right after the prefill token
-        ranked = torch.full_like(scores, -6.0)
-        for j in range(scores.shape[1]):
-            index = cur - self._script_start + j
-            right = continuation[index] if index < len(continuation) else int(drafts[0, j])
-            decoy = (right + 1 + j) % vocab
-            top, runner_up = (decoy, right) if rng.random() < second else (right, decoy)
-            ranked[0, j, top], ranked[0, j, runner_up] = 3.0, 2.0
-        return ranked.argmax(-1), ranked
-
-    DFlashCandidateGenerator.propose = propose
-    try:
-        yield
-    finally:
-        DFlashCandidateGenerator.propose = original
-
-
-def drafts_for(kind: str, reference, prompt):
-    """random: the drafter's own proposals; oracle: the target's continuation (point masses: the tree is a chain);
-    ranked / noisy: the target's token second always / half of the time."""
-    continuation = new_tokens(reference, prompt)
-    if kind == "oracle":
-        return scripted_drafts(continuation)
-    if kind == "ranked":
-        return ranked_drafts(continuation)
-    if kind == "noisy":
-        return ranked_drafts(continuation, second=0.5)
-    return contextlib.nullcontext()
-
-
-KINDS = ("random", "oracle", "ranked", "noisy")
+# random: the drafter's own proposals; oracle: the target's continuation (point masses: the tree is a chain);
+# ranked / half-ranked: the target's token second always / half of the time (conftest.drafts_for)
+TREE_KINDS = ("random", "oracle", "ranked", "half-ranked")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -140,17 +97,17 @@ def test_greedy_tree_tokens_masks_and_paths():
 def test_greedy_tree_matches_plain(arch, block_size, budget):
     target = cached_target(arch)
     drafter = make_drafter(target, block_size)
+
+    def check(kind, got, expected, proposals):
+        stats = drafter.last_stats
+        assert sum(stats.acceptance_lengths) == stats.new_tokens - 1  # the prefill chose the first token alone
+        assert all(1 <= a <= block_size for a in stats.acceptance_lengths)
+        assert all(n <= budget for n in stats.drafts_per_cycle)
+
     for seed in range(2):
         prompt = make_prompt(7 + 5 * seed, seed=seed)
-        expected = plain_generate(target, prompt, max_new_tokens=36)
-        for kind in KINDS:
-            with drafts_for(kind, expected, prompt):
-                got = tree_generate(target, drafter, prompt, budget, max_new_tokens=36)
-            assert_same(got, expected)
-            stats = drafter.last_stats
-            assert sum(stats.acceptance_lengths) == stats.new_tokens - 1  # the prefill chose the first token alone
-            assert all(1 <= a <= block_size for a in stats.acceptance_lengths)
-            assert all(n <= budget for n in stats.drafts_per_cycle)
+        assert_lossless(target, drafter, prompt, TREE_KINDS, assisted=dict(dflash_tree_budget=budget), check=check,
+                        max_new_tokens=36)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -200,13 +157,10 @@ def test_eos_inside_tree(arch):
     drafter = make_drafter(target, 8)
     prompt = make_prompt(9, seed=11)
     eos, index = _eos_inside_tree(target, prompt)
-    reference = plain_generate(target, prompt, max_new_tokens=40)
-    expected = plain_generate(target, prompt, max_new_tokens=40, eos_token_id=eos)
+    expected = assert_lossless(target, drafter, prompt, TREE_KINDS, assisted=dict(dflash_tree_budget=16),
+                               reference=plain_generate(target, prompt, max_new_tokens=40), max_new_tokens=40,
+                               eos_token_id=eos)
     assert expected.shape[1] == prompt.shape[1] + index + 1
-    for kind in KINDS:
-        with drafts_for(kind, reference, prompt):
-            got = tree_generate(target, drafter, prompt, 16, max_new_tokens=40, eos_token_id=eos)
-        assert_same(got, expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -216,12 +170,12 @@ def test_max_new_tokens_inside_tree(arch):
     prompt = make_prompt(8, seed=5)
     reference = plain_generate(target, prompt, max_new_tokens=20)
     for max_new_tokens in range(1, 20):
-        expected = plain_generate(target, prompt, max_new_tokens=max_new_tokens)
-        for kind in ("ranked", "noisy"):
-            with drafts_for(kind, reference, prompt):
-                got = tree_generate(target, drafter, prompt, 16, max_new_tokens=max_new_tokens)
-            assert_same(got, expected)
+
+        def check(kind, got, expected, proposals):
             assert drafter.last_stats.new_tokens == max_new_tokens
+
+        assert_lossless(target, drafter, prompt, ("ranked", "half-ranked"), reference=reference,
+                        assisted=dict(dflash_tree_budget=16), check=check, max_new_tokens=max_new_tokens)
 
 
 def test_stop_strings_inside_tree(target, tokenizer):
@@ -237,9 +191,8 @@ def test_stop_strings_inside_tree(target, tokenizer):
             break
     else:
         pytest.skip("no usable stop string")
-    for kind in KINDS:
-        with drafts_for(kind, reference, prompt):
-            assert_same(tree_generate(target, drafter, prompt, 16, **kwargs), expected)
+    assert_lossless(target, drafter, prompt, TREE_KINDS, reference=reference, assisted=dict(dflash_tree_budget=16),
+                    **kwargs)
 
 
 @pytest.mark.parametrize("processors", [
@@ -251,10 +204,8 @@ def test_processors_in_tree_greedy(qwen3_target, processors):
     target = qwen3_target
     drafter = make_drafter(target, 8)
     prompt = make_prompt(10, seed=41)
-    expected = plain_generate(target, prompt, max_new_tokens=30, **processors)
-    for kind in KINDS:
-        with drafts_for(kind, expected, prompt):
-            assert_same(tree_generate(target, drafter, prompt, 16, max_new_tokens=30, **processors), expected)
+    assert_lossless(target, drafter, prompt, TREE_KINDS, assisted=dict(dflash_tree_budget=16), max_new_tokens=30,
+                    **processors)
 
 
 def test_scores_logits_and_hidden_states_of_the_committed_path(qwen3_target):
@@ -298,10 +249,7 @@ def test_eager_attention_target():
     assert target.config._attn_implementation == "eager"
     drafter = make_drafter(target, 8)
     prompt = make_prompt(9, seed=6)
-    expected = plain_generate(target, prompt, max_new_tokens=30)
-    for kind in KINDS:
-        with drafts_for(kind, expected, prompt):
-            assert_same(tree_generate(target, drafter, prompt, 16, max_new_tokens=30), expected)
+    assert_lossless(target, drafter, prompt, TREE_KINDS, assisted=dict(dflash_tree_budget=16), max_new_tokens=30)
     # attention weights of the committed path: over the cache and its ancestors only, as plain decoding's
     kwargs = dict(max_new_tokens=12, return_dict_in_generate=True, output_attentions=True)
     expected = plain_generate(target, prompt, **kwargs)
@@ -351,7 +299,7 @@ def test_prompt_lookup_is_transformers_prompt_lookup():
         reference = PromptLookupCandidateGenerator(num_output_tokens=tokens, max_matching_ngram_size=ngram,
                                                    max_length=1000)
         candidates, _ = reference.get_candidates(history[None])
-        assert tree_dflash.prompt_lookup(history, tokens, ngram) == candidates[0, len(history) :].tolist()
+        assert lookup_dflash.prompt_lookup(history, tokens, ngram) == candidates[0, len(history) :].tolist()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -359,15 +307,13 @@ def test_prompt_lookup_is_transformers_prompt_lookup():
 def test_ngram_branch_greedy_matches_plain(arch, budget):
     target = cached_target(arch)
     drafter = make_drafter(target, 8)
-    for prompt in (copy_prompt(1), make_prompt(9, seed=3)):
-        expected = plain_generate(target, prompt, max_new_tokens=40)
-        for kind in KINDS:
-            for lookup in (1, 10, 24):
-                with drafts_for(kind, expected, prompt):
-                    got = tree_generate(target, drafter, prompt, budget, max_new_tokens=40,
-                                        prompt_lookup_num_tokens=lookup)
-                assert_same(got, expected)
-                assert all(n <= budget + lookup for n in drafter.last_stats.drafts_per_cycle)
+    for prompt, lookup in itertools.product((copy_prompt(1), make_prompt(9, seed=3)), (1, 10, 24)):
+
+        def check(kind, got, expected, proposals):
+            assert all(n <= budget + lookup for n in drafter.last_stats.drafts_per_cycle)
+
+        assert_lossless(target, drafter, prompt, TREE_KINDS, check=check, max_new_tokens=40,
+                        assisted=dict(dflash_tree_budget=budget, prompt_lookup_num_tokens=lookup))
 
 
 def test_ngram_branch_accepts_what_prompt_lookup_finds(qwen3_target):
@@ -645,17 +591,18 @@ def test_sampled_tree_generate_negative_control(sampling_target, sampled):
 
 # ----------------------------------------------------------------------------------------------------------------------
 # trees under the cost-aware policy: plain steps, lookup chains or a tree, each tree's budget from its probabilities
-def test_tree_budget_follows_verify_costs_and_the_drafters_calibration():
+def test_tree_budget_follows_verify_costs_and_the_drafters_calibration(monkeypatch):
     target = cached_target("qwen3")
     policy = CostAwarePolicy(target, 7)
     table = CostTable()
-    _COST_TABLES[(id(target), "cpu", str(target.dtype), 1)] = table
+    install_cost_table(monkeypatch, target, table)
     log_probs = [0.0] + [math.log(p) for p in (0.5, 0.2, 0.1, 0.05, 0.05, 0.02, 0.01, 0.01)]
     assert policy.tree_budget(log_probs, 1, "cpu") == 8  # verify costs unknown: the whole tree
     table.observe_verify(1, 0.010)
     table.observe_verify(32, 0.010)  # flat (a GPU at small widths): every node is worth verifying
     assert policy.tree_budget(log_probs, 1, "cpu") == 8
-    table.verify.clear()
+    table = CostTable()
+    install_cost_table(monkeypatch, target, table)
     table.observe_verify(1, 0.010)
     table.observe_verify(9, 0.020)  # steep (a CPU): only the likely nodes pay
     assert 1 <= policy.tree_budget(log_probs, 1, "cpu") <= 2
@@ -676,16 +623,14 @@ def test_trees_under_the_cost_aware_policy_are_lossless(arch, monkeypatch):
     target = cached_target(arch)
     drafter = make_drafter(target, 8)
     random_budgets(monkeypatch)
-    for prompt in (copy_prompt(1), make_prompt(9, seed=3)):
-        expected = plain_generate(target, prompt, max_new_tokens=40)
-        for kind in KINDS:
-            for lookup in (None, 10):
-                with drafts_for(kind, expected, prompt):
-                    got = tree_generate(target, drafter, prompt, 16, max_new_tokens=40, dflash_policy="cost",
-                                        prompt_lookup_num_tokens=lookup)
-                assert_same(got, expected)
-                widths = drafter.last_stats.drafts_per_cycle
-                assert all(n <= 16 + (lookup or 10) for n in widths)
+    for prompt, lookup in itertools.product((copy_prompt(1), make_prompt(9, seed=3)), (None, 10)):
+
+        def check(kind, got, expected, proposals):
+            assert all(n <= 16 + (lookup or 10) for n in drafter.last_stats.drafts_per_cycle)
+
+        assert_lossless(target, drafter, prompt, TREE_KINDS, check=check, max_new_tokens=40,
+                        assisted=dict(dflash_tree_budget=16, dflash_policy="cost", prompt_lookup_num_tokens=lookup))
+    widths = drafter.last_stats.drafts_per_cycle
     assert len(set(widths)) > 2, widths  # the budgets did vary
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from ..generation_dflash import DFlashStats, acceptance_by_position
+from ..stats_dflash import DFlashStats, acceptance_by_position
 from ..models import pad_token_id
 
 

@@ -34,7 +34,6 @@ Example:
 
 import contextlib
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -42,7 +41,9 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..data.chat import chat_input_ids, left_padded_batch
-from ..generation_dflash import DFlashStats, builtin_generation
+from ..generation_dflash import builtin_generation
+from ..policy_dflash import synchronized_clock
+from ..stats_dflash import DFlashStats
 from ..models import pad_token_id
 from .acceptance import acceptance_histogram, pooled_acceptance_by_position
 from .prompts import DATASET_LICENSES
@@ -125,12 +126,6 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so wall-clock times cover it (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def default_early_exit_layer(target) -> int:
     """The early-exit depth used for the ``early_exit`` method: a third of the target's layers (at least 1).
 
@@ -193,8 +188,7 @@ def timed_generation(
     context = builtin_generation() if method == "builtin_dflash" else contextlib.nullcontext()
     if counter is not None:
         counter.reset()
-    synchronize(input_ids.device)
-    start = time.perf_counter()
+    start = synchronized_clock(input_ids.device)
     with context, torch.inference_mode():
         output = target.generate(
             input_ids,
@@ -204,8 +198,7 @@ def timed_generation(
             pad_token_id=pad_token_id(target),
             **kwargs,
         )
-    synchronize(input_ids.device)
-    seconds = time.perf_counter() - start
+    seconds = synchronized_clock(input_ids.device) - start
     stats = drafter.last_stats if method.startswith("dflash") else None
     forwards = counter.calls if counter is not None else 0
     return Run(output[0, input_ids.shape[1] :].tolist(), seconds, forwards, stats)
@@ -459,12 +452,10 @@ def run_batch_benchmark(target, tokenizer, drafter, prompts: list[str], batch_si
         outputs = {}
         for _ in range(repeats):
             for method, extra in (("plain", {}), ("dflash", {"assistant_model": drafter})):
-                synchronize(target.device)
-                start = time.perf_counter()
+                start = synchronized_clock(target.device)
                 with torch.inference_mode():
                     outputs[method] = target.generate(ids, **settings, **extra)
-                synchronize(target.device)
-                times[method].append(time.perf_counter() - start)
+                times[method].append(synchronized_clock(target.device) - start)
         tokens = new_token_count(outputs["plain"], ids.shape[1], pad)
         plain_s, dflash_s = statistics.median(times["plain"]), statistics.median(times["dflash"])
         rows.append({

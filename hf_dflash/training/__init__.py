@@ -13,9 +13,11 @@ position only counts when all positions before it were accepted.
 
 Layout: :mod:`~hf_dflash.training.arguments` (what a run is), :mod:`~hf_dflash.training.recipe` (gamma, anchors,
 blocks, data order), :mod:`~hf_dflash.training.loss` (block mask and weighted loss),
-:mod:`~hf_dflash.training.features` (target features, cached on disk), :mod:`~hf_dflash.training.trainer` (the
-loop, checkpoints, resume), :mod:`~hf_dflash.training.curves` (training_log.jsonl and the learning-curve PNG),
-:mod:`~hf_dflash.training.export` (the final drafter folder, Hub upload).
+:mod:`~hf_dflash.training.samples` (train / held-out samples), :mod:`~hf_dflash.training.features` (target
+features, cached on disk), :mod:`~hf_dflash.training.build` (target, drafter, optimizer and schedule),
+:mod:`~hf_dflash.training.trainer` (the loop: training step, evaluation, resume),
+:mod:`~hf_dflash.training.checkpoints` (checkpoint files), :mod:`~hf_dflash.training.curves` (training_log.jsonl
+and the learning-curve PNG), :mod:`~hf_dflash.training.export` (tau, the final drafter folder, Hub upload).
 
 Recipe options beyond the paper (issue 13; each off by default): distillation from the target's distribution
 (``distill_weight``, ``distill_top_k``), an acceptance-aware loss (``acceptance_loss_weight``), position weights
@@ -62,7 +64,8 @@ from .recipe import (
     split_heldout,
     training_vocabulary,
 )
-from .trainer import DFlashTrainer, initial_drafter_weights, initial_weights_from_target, train
+from .build import initial_drafter_weights, initial_weights_from_target
+from .trainer import DFlashTrainer, train
 
 __all__ = [
     "CURVES_FILE",

@@ -218,6 +218,14 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
         raise ValueError(f"--eval-data {args.eval_data!r} needs --eval-split > 0 (the share of it held out).")
 
 
+def write_run_arguments(args: DFlashTrainingArguments) -> None:
+    """Record the run's fingerprint in ``run_args.json`` of its output folder: what :func:`check_output_dir` compares
+    a later run (and a --resume) in that folder against."""
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(args.output_dir) / RUN_ARGS_FILE).write_text(json.dumps(args.run_fingerprint(), indent=2) + "\n",
+                                                       encoding="utf-8")
+
+
 def check_output_dir(args: DFlashTrainingArguments) -> Path | None:
     """The checkpoint to resume from (None: start fresh). Raises if the folder holds a different run, or a run that
     would be overwritten without --resume."""

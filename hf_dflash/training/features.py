@@ -12,12 +12,14 @@ from typing import Any
 
 import torch
 
-from ..generation_dflash import target_features
+from ..modeling_dflash import target_features
+from .arguments import DFlashTrainingArguments
+from .recipe import BlockBatch
 
 
 def context_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      layer_ids: list[int]) -> torch.Tensor:
-    """The drafter's context for whole sequences: :func:`~hf_dflash.generation_dflash.target_features` (the same
+    """The drafter's context for whole sequences: :func:`~hf_dflash.modeling_dflash.target_features` (the same
     function inference uses) of one target forward, [b, S, T*H]."""
     return target_outputs(target, input_ids, attention_mask, layer_ids)[0]
 
@@ -74,3 +76,47 @@ class FeatureCache:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         torch.save(features.detach().cpu().clone(), tmp)
         os.replace(tmp, path)
+
+
+def batch_features(target, batch: BlockBatch, layer_ids: list[int], device: torch.device, final_hidden: bool = False,
+                   cache: FeatureCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(target features, the target's final hidden states or None) of a batch, on `device`: from `cache` when every
+    sample is in it (zero-padded to the batch's length), else from one target forward whose per-sample results go
+    into `cache`. `final_hidden` (distillation) also reads/writes the cached final hidden states."""
+    kinds = ["", "final"] if final_hidden else [""]
+    if cache is not None:
+        cached = {kind: [cache.get(i, kind) for i in batch.sample_indices] for kind in kinds}
+        if all(c is not None for parts in cached.values() for c in parts):
+            padded = []
+            for parts in cached.values():
+                out = torch.zeros(len(parts), batch.context_length, parts[0].shape[-1], dtype=parts[0].dtype)
+                for row, c in enumerate(parts):
+                    out[row, : c.shape[0]] = c
+                padded.append(out.to(device))
+            return padded[0], (padded[1] if final_hidden else None)
+    target_device = target.get_input_embeddings().weight.device
+    features, final = target_outputs(target, batch.input_ids.to(target_device), batch.attention_mask.to(target_device),
+                                     layer_ids, final_hidden)
+    if cache is not None:
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        for row, (index, n) in enumerate(zip(batch.sample_indices, lengths)):
+            cache.put(index, features[row, :n])
+            if final is not None:
+                cache.put(index, final[row, :n], "final")
+    return features.to(device), None if final is None else final.to(device)
+
+
+def feature_caches(args: DFlashTrainingArguments, layer_ids: list[int], dtype: torch.dtype
+                   ) -> tuple[FeatureCache | None, FeatureCache | None]:
+    """(training samples' cache, held-out samples' cache) under --feature-cache, (None, None) without it. The
+    fingerprint names everything the features depend on, so a cache built for another run is refused, not misread;
+    held-out samples from --eval-data are numbered in that file, so they get a cache of their own."""
+    if not args.feature_cache:
+        return None, None
+    run = args.run_fingerprint()
+    fingerprint = {"target": run["target"], "data": run["data"], "target_layer_ids": layer_ids,
+                   "max_length": args.max_length, "dtype": str(dtype)}
+    cache = FeatureCache(args.feature_cache, fingerprint)
+    if not args.eval_data:
+        return cache, cache
+    return cache, FeatureCache(Path(args.feature_cache) / "eval", {**fingerprint, "data": run["eval_data"]})

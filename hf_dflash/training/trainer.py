@@ -2,16 +2,18 @@
 """The training loop: :class:`DFlashTrainer` (accelerate for devices and DDP, exact resume from atomic checkpoints,
 held-out evaluation every epoch and every ``eval_every`` steps into ``training_log.jsonl``, the recipe options of
 issue 13, generate()-measured tau, learning curves and export at the end) and :func:`train`.
+
+What the loop is built from lives beside it: :mod:`~hf_dflash.training.build` (target, drafter, optimizer,
+schedule), :mod:`~hf_dflash.training.samples` (train / held-out split), :mod:`~hf_dflash.training.features` (target
+features and their caches), :mod:`~hf_dflash.training.checkpoints` (checkpoint files) and
+:mod:`~hf_dflash.training.export` (tau, the final drafter folder). This module keeps the loop's state and steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
-import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,31 +21,24 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import get_cosine_schedule_with_warmup
 from transformers.utils import logging
 
-from ..data import load_prompts, load_training_samples, prompt_text, prompt_token_ids
-from ..evaluation.acceptance import measure_acceptance_length
 from ..modeling_dflash import DFlashDraftModel
-from ..models import load_target, pad_token_id, target_display_name
-from .arguments import (
-    ACCELERATE_STATE_DIR,
-    RUN_ARGS_FILE,
-    TRAINER_STATE_FILE,
-    DFlashTrainingArguments,
-    check_output_dir,
-    validate_arguments,
+from ..models import pad_token_id
+from .arguments import DFlashTrainingArguments, check_output_dir, validate_arguments, write_run_arguments
+from .build import (
+    drafter_to_train,
+    frozen_target,
+    mixed_precision_mode,
+    prepared_optimization,
+    run_length,
+    training_objective,
 )
-from .curves import CURVES_FILE, LOG_FILE, TrainingLog, plot_training_curves, read_log
-from .export import push_folder_to_hub, write_folder_atomically
-from .features import FeatureCache, target_outputs
-from .loss import (
-    BlockLossOutput,
-    Objective,
-    add_sums,
-    block_diffusion_loss,
-    resolve_attn_implementation,
-)
+from .checkpoints import read_checkpoint, register_checkpoint_hooks, write_checkpoint
+from .curves import LOG_FILE, TrainingLog
+from .export import inference_drafter, measured_tau, recipe_options, tau_prompt_ids, write_final_drafter
+from .features import FeatureCache, batch_features, feature_caches
+from .loss import BlockLossOutput, Objective, add_sums, block_diffusion_loss, resolve_attn_implementation
 from .recipe import (
     IGNORE_INDEX,
     BlockBatch,
@@ -57,66 +52,13 @@ from .recipe import (
     sample_anchors,
     sampled_tokens,
     shard_batches,
-    split_heldout,
     stable_seed,
     training_vocabulary,
     update_reach_rates,
 )
+from .samples import training_and_heldout_samples
 
 logger = logging.get_logger(__name__)
-
-INIT_DRAFTER_FIELDS = ("num_hidden_layers", "block_size", "target_layer_ids", "mask_token_id", "layer_fusion",
-                       "split_context_kv", "hidden_size", "vocab_size")
-
-
-def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlashDraftModel:
-    """`fresh` (built from the training arguments) with the weights of the drafter at `init_drafter`.
-
-    Raises a ValueError naming each architecture field that differs (e.g. --num-layers 5 for a 1-layer drafter), so
-    a run never silently trains something other than what its arguments say.
-    """
-    loaded = DFlashDraftModel.from_pretrained(init_drafter, dtype=torch.float32)
-    differ = {name: (getattr(loaded.config, name), getattr(fresh.config, name)) for name in INIT_DRAFTER_FIELDS
-              if getattr(loaded.config, name) != getattr(fresh.config, name)}
-    if differ:
-        listed = ", ".join(f"{name}: {a!r} there vs {b!r} here" for name, (a, b) in differ.items())
-        raise ValueError(f"--init-drafter {init_drafter} does not match the training arguments ({listed}). Pass the "
-                         "drafter's own values (--num-layers, --block-size, --target-layer-ids, --mask-token-id, the "
-                         "DFlare switches), or drop --init-drafter to train from scratch.")
-    fresh.load_state_dict(loaded.state_dict(), strict=True)
-    logger.info(f"Drafter weights initialised from {init_drafter}.")
-    return fresh
-
-
-def initial_weights_from_target(drafter: DFlashDraftModel, target) -> list[str]:
-    """Copy the target's last decoder layers into the drafter's layers (drafter layer i <- target layer
-    n - L + i) and its final norm into the drafter's, wherever a parameter's name and shape match; DFlare's separate
-    context projections (``k_proj_target`` / ``v_proj_target``) start from the same layer's ``k_proj`` / ``v_proj``.
-    Returns the drafter parameter names that were copied (the rest keep their random init)."""
-    decoder = target.get_decoder()
-    target_layers = list(decoder.layers)
-    drafter_layers = list(drafter.layers)
-    offset = len(target_layers) - len(drafter_layers)
-    copied = []
-    with torch.no_grad():
-        pairs = [(f"layers.{i}.", layer, target_layers[max(0, offset + i)]) for i, layer in enumerate(drafter_layers)]
-        pairs.append(("norm.", drafter.norm, getattr(decoder, "norm", None)))
-        for prefix, mine, theirs in pairs:
-            if theirs is None:
-                continue
-            source = dict(theirs.named_parameters())
-            for name, param in mine.named_parameters():
-                origin = name.replace("k_proj_target", "k_proj").replace("v_proj_target", "v_proj")
-                if origin in source and source[origin].shape == param.shape:
-                    param.copy_(source[origin].to(param.dtype))
-                    copied.append(prefix + name)
-    if not copied:
-        logger.warning("--init-from-target: no drafter parameter matches the target's layers in name and shape; the "
-                       "drafter keeps its random initialisation.")
-    else:
-        logger.info(f"Drafter initialised from the target's last {len(drafter_layers)} layer(s): "
-                    f"{len(copied)} tensors.")
-    return copied
 
 
 class DFlashTrainer:
@@ -138,96 +80,42 @@ class DFlashTrainer:
         from accelerate.utils import set_seed
 
         validate_arguments(args)
-        self.args = args
-        self.callbacks = list(callbacks or [])
+        self.args, self.callbacks = args, list(callbacks or [])
         self.resume_from = check_output_dir(args)
-        samples = load_training_samples(args.data, args.max_length, 2 * args.block_size)
-        if args.eval_data:
-            _, self.eval_samples = split_heldout(load_training_samples(args.eval_data, args.max_length,
-                                                                       2 * args.block_size),
-                                                 args.eval_split, args.max_eval_samples, args.seed)
-            heldout = {tuple(s["input_ids"].tolist()) for s in self.eval_samples}
-            self.train_samples = [s for s in samples if tuple(s["input_ids"].tolist()) not in heldout]
-        else:
-            self.train_samples, self.eval_samples = split_heldout(samples, args.eval_split, args.max_eval_samples,
-                                                                  args.seed)
-        if args.max_train_samples:
-            self.train_samples = self.train_samples[:args.max_train_samples]
-
-        mixed = args.mixed_precision
-        if mixed == "auto":
-            mixed = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-        self.accelerator = Accelerator(mixed_precision=mixed)
+        self.train_samples, self.eval_samples = training_and_heldout_samples(args)
+        self.accelerator = Accelerator(mixed_precision=mixed_precision_mode(args.mixed_precision))
         device = self.accelerator.device
-        if target is None or tokenizer is None:
-            target, tokenizer = load_target(args.target, args.target_dtype, device=device,
-                                            device_map=args.target_device_map)
-        self.target, self.tokenizer = target.eval().requires_grad_(False), tokenizer
-        self.embed_tokens = target.get_input_embeddings()
-        self.lm_head = target.get_output_embeddings()
-
-        set_seed(args.seed)
-        drafter = DFlashDraftModel.from_target(
-            target, num_hidden_layers=args.num_layers, block_size=args.block_size,
-            target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
-        )  # raises a ValueError for layer ids the target does not have
-        if args.init_drafter:
-            drafter = initial_drafter_weights(drafter, args.init_drafter)
-        if args.init_from_target:
-            initial_weights_from_target(drafter, target)
+        self.target, self.tokenizer = frozen_target(args, device, target, tokenizer)
+        self.embed_tokens, self.lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
+        set_seed(args.seed)  # the drafter's random init, and all global randomness after it, follow --seed
         self.attn_implementation = resolve_attn_implementation(args.attn_implementation, device)
-        drafter.config._attn_implementation = self.attn_implementation
-        drafter = drafter.to(device=device, dtype=torch.float32).train()  # fp32 master weights; autocast does bf16
+        drafter = drafter_to_train(args, self.target, self.attn_implementation, device)
         self.layer_ids = list(drafter.config.target_layer_ids)
-        self.pad_token_id = pad_token_id(target, tokenizer)
+        self.pad_token_id = pad_token_id(self.target, self.tokenizer)
+        self.steps_per_epoch, self.total_steps = run_length(args, len(self.train_samples),
+                                                            self.accelerator.num_processes)
+        self.model, self.optimizer, self.scheduler = prepared_optimization(self.accelerator, drafter, args,
+                                                                           self.total_steps)
+        register_checkpoint_hooks(self.accelerator, self.scheduler)
+        self.feature_cache, self.heldout_cache = feature_caches(args, self.layer_ids, self.target.dtype)
+        self.objective = training_objective(args, self.target)
+        self.train_vocab = frequent_tokens(self.train_samples, args.train_vocab_size) if args.train_vocab_size else None
+        self.start_progress()
+        if self.accelerator.is_main_process:
+            write_run_arguments(args)
+        logger.info(f"DFlash training: {len(self.train_samples)} train / {len(self.eval_samples)} held-out samples, "
+                    f"{self.total_steps} steps, attention {self.attn_implementation}, layers {self.layer_ids}.")
 
-        steps_per_epoch = math.ceil(len(shard_batches(len(self.train_samples), args.batch_size,
-                                                      self.accelerator.num_processes, 0)) / args.grad_accum)
-        self.steps_per_epoch = steps_per_epoch
-        self.total_steps = steps_per_epoch * args.epochs
-        if args.max_steps is not None:
-            self.total_steps = min(self.total_steps, args.max_steps)
-        optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                      betas=(0.9, 0.95))
-        self.scheduler = get_cosine_schedule_with_warmup(
-            optimizer, math.ceil(args.warmup_ratio * self.total_steps), self.total_steps
-        )
-        self.model, self.optimizer = self.accelerator.prepare(drafter, optimizer)
-        # The scheduler is stepped once per optimizer step by us (a prepared one steps once per process).
-        self.accelerator.register_for_checkpointing(self.scheduler)
-        self.accelerator.register_save_state_pre_hook(self._skip_model_in_state)
-        self.accelerator.register_load_state_pre_hook(self._load_model_from_checkpoint)
-
-        self.feature_cache = self.heldout_cache = None
-        if args.feature_cache:
-            fingerprint = {"target": args.run_fingerprint()["target"], "data": args.run_fingerprint()["data"],
-                           "target_layer_ids": self.layer_ids, "max_length": args.max_length,
-                           "dtype": str(target.dtype)}
-            self.feature_cache = self.heldout_cache = FeatureCache(args.feature_cache, fingerprint)
-            if args.eval_data:  # held-out sample indices count in the --eval-data file: a cache of their own
-                self.heldout_cache = FeatureCache(Path(args.feature_cache) / "eval", {
-                    **fingerprint, "data": args.run_fingerprint()["eval_data"]})
-
-        softcap = getattr(target.config, "final_logit_softcapping", None)
-        self.objective = Objective(args.distill_weight, args.distill_top_k, args.acceptance_loss_weight,
-                                   softcap if isinstance(softcap, (int, float)) else None)
-        self.train_vocab = (frequent_tokens(self.train_samples, args.train_vocab_size)
-                            if args.train_vocab_size else None)
-
+    def start_progress(self) -> None:
+        """Put the loop at step 0: data position, history, reach rates and compute counters, the state that
+        :meth:`progress_state` checkpoints so that a resumed run continues the same counts."""
         self.global_step, self.epoch, self.groups_done, self.last_saved_step = 0, 0, 0, -1
         self.history: list[dict[str, Any]] = []
-        self.reach_rates = initial_reach_rates(args.block_size, gamma_at(args, 0, 0, self.total_steps))
-        # compute spent so far (checkpointed: a resumed run continues the counts)
+        self.reach_rates = initial_reach_rates(self.args.block_size, gamma_at(self.args, 0, 0, self.total_steps))
         self.compute = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "elapsed_seconds": 0.0, "tokens": 0,
                         "blocks": 0}
         self.log_bytes, self.last_eval_step, self.training_log = 0, None, None
         self._started, self._elapsed_base = None, 0.0
-        if self.accelerator.is_main_process:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            (Path(args.output_dir) / RUN_ARGS_FILE).write_text(
-                json.dumps(args.run_fingerprint(), indent=2) + "\n", encoding="utf-8")
-        logger.info(f"DFlash training: {len(self.train_samples)} train / {len(self.eval_samples)} held-out samples, "
-                    f"{self.total_steps} steps, attention {self.attn_implementation}, layers {self.layer_ids}.")
 
     # ------------------------------------------------------------------------------------------------------------------
     # batches
@@ -248,29 +136,9 @@ class DFlashTrainer:
 
     def features_for(self, batch: BlockBatch, final_hidden: bool = False, cache: FeatureCache | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(target features, the target's final hidden states or None) of a batch, from `cache` when every sample is
-        in it; `final_hidden` (distillation) also reads/writes the cached final hidden states."""
-        kinds = ["", "final"] if final_hidden else [""]
-        if cache is not None:
-            cached = {kind: [cache.get(i, kind) for i in batch.sample_indices] for kind in kinds}
-            if all(c is not None for parts in cached.values() for c in parts):
-                padded = []
-                for parts in cached.values():
-                    out = torch.zeros(len(parts), batch.context_length, parts[0].shape[-1], dtype=parts[0].dtype)
-                    for row, c in enumerate(parts):
-                        out[row, : c.shape[0]] = c
-                    padded.append(out.to(self.accelerator.device))
-                return padded[0], (padded[1] if final_hidden else None)
-        device = self.target.get_input_embeddings().weight.device
-        features, final = target_outputs(self.target, batch.input_ids.to(device), batch.attention_mask.to(device),
-                                         self.layer_ids, final_hidden)
-        if cache is not None:
-            lengths = batch.attention_mask.sum(dim=1).tolist()
-            for row, (index, n) in enumerate(zip(batch.sample_indices, lengths)):
-                cache.put(index, features[row, :n])
-                if final is not None:
-                    cache.put(index, final[row, :n], "final")
-        return features.to(self.accelerator.device), None if final is None else final.to(self.accelerator.device)
+        """(target features, the target's final hidden states or None) of a batch on this process's device: see
+        :func:`~hf_dflash.training.features.batch_features`."""
+        return batch_features(self.target, batch, self.layer_ids, self.accelerator.device, final_hidden, cache)
 
     def compute_loss(self, batch: BlockBatch, weights: torch.Tensor, training: bool = False,
                      negatives: torch.Tensor | None = None) -> BlockLossOutput:
@@ -304,6 +172,12 @@ class DFlashTrainer:
         if self.args.position_weighting == "acceptance":
             return dynamic_position_weights(self.reach_rates, self.args.position_weight_floor)
         return position_weights(self.args.block_size, gamma)
+
+    def _reduce(self, out: BlockLossOutput) -> BlockLossOutput:
+        """Sums over all processes (the differentiable loss stays local)."""
+        if self.accelerator.num_processes == 1:
+            return out
+        return BlockLossOutput(out.loss, *(self.accelerator.reduce(t, "sum") for t in out.sums()))
 
     # ------------------------------------------------------------------------------------------------------------------
     # training
@@ -352,12 +226,6 @@ class DFlashTrainer:
             log["position_weights"] = weights.tolist()
             self.reach_rates = update_reach_rates(self.reach_rates, totals.reached.cpu(), totals.counted.cpu())
         return log
-
-    def _reduce(self, out: BlockLossOutput) -> BlockLossOutput:
-        """Sums over all processes (the differentiable loss stays local)."""
-        if self.accelerator.num_processes == 1:
-            return out
-        return BlockLossOutput(out.loss, *(self.accelerator.reduce(t, "sum") for t in out.sums()))
 
     def train(self) -> dict[str, Any]:
         """Train (resuming if asked), evaluate on the held-out split every epoch (and every ``eval_every`` steps),
@@ -430,6 +298,8 @@ class DFlashTrainer:
             self.compute["elapsed_seconds"] = self._elapsed_base + time.perf_counter() - self._started
         return dict(self.compute)
 
+    # ------------------------------------------------------------------------------------------------------------------
+    # evaluation
     def evaluate_and_log(self) -> dict[str, Any]:
         """Held-out evaluation at this step, recorded in the history and in training_log.jsonl (once per step: a
         second call at the same step returns the recorded metrics)."""
@@ -466,65 +336,31 @@ class DFlashTrainer:
         return {**self._reduce(totals).metrics(), "num_samples": len(self.eval_samples)}
 
     # ------------------------------------------------------------------------------------------------------------------
-    # checkpoints
+    # checkpoints (the files: hf_dflash.training.checkpoints)
     def save_checkpoint(self) -> Path:
         """Write `checkpoints/checkpoint-{step}` atomically: drafter (save_pretrained), optimizer, scheduler, RNG and
         data position go to a temporary folder that is renamed into place when complete."""
-        accelerator, root = self.accelerator, Path(self.args.output_dir) / "checkpoints"
-        final, tmp = root / f"checkpoint-{self.global_step}", root / f".tmp-checkpoint-{self.global_step}"
-        if accelerator.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        accelerator.wait_for_everyone()
-        state_dict = accelerator.get_state_dict(self.model)
-        accelerator.unwrap_model(self.model).save_pretrained(
-            tmp, state_dict=state_dict, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
-        accelerator.save_state(str(tmp / ACCELERATE_STATE_DIR))
-        if accelerator.is_main_process:
-            state = {"global_step": self.global_step, "epoch": self.epoch, "groups_done": self.groups_done,
-                     "num_processes": accelerator.num_processes, "history": self.history,
-                     "reach_rates": self.reach_rates, "compute": self.compute_so_far(),
-                     "log_bytes": self.training_log.size if self.training_log is not None else 0,
-                     "last_eval_step": self.last_eval_step}
-            (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state) + "\n", encoding="utf-8")
-            if final.exists():  # the epoch-end save can land on the step a periodic save just wrote
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            self._delete_old_checkpoints(root)
+        final = write_checkpoint(self.accelerator, self.model, self.args.output_dir, self.global_step,
+                                 self.progress_state, self.args.save_total_limit)
         self.last_saved_step = self.global_step
-        accelerator.wait_for_everyone()
         return final
-
-    def _delete_old_checkpoints(self, root: Path) -> None:
-        steps = sorted(int(p.name.split("-")[1]) for p in root.glob("checkpoint-*") if p.name.split("-")[1].isdigit())
-        for step in steps[: max(0, len(steps) - self.args.save_total_limit)]:
-            shutil.rmtree(root / f"checkpoint-{step}", ignore_errors=True)
-
-    def _skip_model_in_state(self, models, weights, output_dir) -> None:
-        weights.clear()  # the drafter is saved by save_pretrained next to the accelerate state, not twice
-
-    def _load_model_from_checkpoint(self, models, input_dir) -> None:
-        if models:  # not sharded (FSDP loads its own): read the save_pretrained weights of this checkpoint
-            from safetensors.torch import load_file
-
-            folder = Path(input_dir).parent
-            index = folder / "model.safetensors.index.json"
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [
-                "model.safetensors"]
-            state = {}
-            for name in files:
-                state.update(load_file(folder / name))
-            self.accelerator.unwrap_model(models[0]).load_state_dict(state, strict=True)
-            models.clear()
 
     def load_checkpoint(self, checkpoint: str | os.PathLike) -> None:
         """Restore weights, optimizer, scheduler, RNG and the data position from a checkpoint folder."""
         checkpoint = Path(checkpoint)
-        state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
-        if state["num_processes"] != self.accelerator.num_processes:
-            logger.warning(f"Resuming a run made with {state['num_processes']} processes on "
-                           f"{self.accelerator.num_processes}: data order differs from the uninterrupted run.")
-        self.accelerator.load_state(str(checkpoint / ACCELERATE_STATE_DIR))
+        self.restore_progress(read_checkpoint(self.accelerator, checkpoint))
+        logger.info(f"Resumed from {checkpoint} at step {self.global_step} (epoch {self.epoch}).")
+
+    def progress_state(self) -> dict[str, Any]:
+        """The loop's state as a checkpoint's trainer_state.json holds it."""
+        return {"global_step": self.global_step, "epoch": self.epoch, "groups_done": self.groups_done,
+                "num_processes": self.accelerator.num_processes, "history": self.history,
+                "reach_rates": self.reach_rates, "compute": self.compute_so_far(),
+                "log_bytes": self.training_log.size if self.training_log is not None else 0,
+                "last_eval_step": self.last_eval_step}
+
+    def restore_progress(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`progress_state`; fields a checkpoint of an older version lacks keep their start."""
         self.global_step, self.epoch, self.groups_done = state["global_step"], state["epoch"], state["groups_done"]
         self.history = state["history"]
         self.reach_rates = state.get("reach_rates", self.reach_rates)
@@ -532,94 +368,33 @@ class DFlashTrainer:
         self.log_bytes = state.get("log_bytes", 0)
         self.last_eval_step = state.get("last_eval_step")
         self.last_saved_step = self.global_step
-        logger.info(f"Resumed from {checkpoint} at step {self.global_step} (epoch {self.epoch}).")
 
     # ------------------------------------------------------------------------------------------------------------------
-    # the end: final tau, export, upload
+    # the end: final tau, export, upload (hf_dflash.training.export)
     def eval_prompt_ids(self) -> list[list[int]]:
         """Prompts for the generate()-measured tau: --eval-prompts, else the held-out samples' prompts."""
-        count = self.args.num_eval_prompts
-        if count <= 0:
-            return []
-        if self.args.eval_prompts:
-            prompts = load_prompts(self.args.eval_prompts, count)
-            texts = [prompt_text(self.tokenizer, p) for _, p in prompts]
-            return [prompt_token_ids(self.tokenizer, t) for t in texts]
-        ids = []
-        for sample in self.eval_samples[:count]:
-            start = int(sample["loss_mask"].long().argmax())  # first response token
-            ids.append(sample["input_ids"][:start].tolist())
-        return [i for i in ids if i]
+        return tau_prompt_ids(self.args, self.tokenizer, self.eval_samples)
 
     def recipe_options(self) -> dict[str, Any]:
         """The issue-13 recipe options this run changed from their defaults (recorded in training_info.json)."""
-        names = ("distill_weight", "distill_top_k", "acceptance_loss_weight", "position_weighting",
-                 "position_weight_floor", "train_vocab_size", "train_vocab_sampled", "init_from_target",
-                 "draft_vocab_size")
-        defaults = DFlashTrainingArguments("t", "d", "o")
-        return {n: getattr(self.args, n) for n in names if getattr(self.args, n) != getattr(defaults, n)}
+        return recipe_options(self.args)
 
     def export_drafter(self, state_dict: dict[str, torch.Tensor]) -> DFlashDraftModel:
-        """A drafter ready for inference from the full (gathered) weights: the target's dtype and device, sdpa
-        attention, eval mode. Built afresh because a sharded (FSDP) model cannot simply be copied."""
-        drafter = DFlashDraftModel(copy.deepcopy(self.model_config))
-        drafter.load_state_dict(state_dict, strict=True)
-        drafter.config._attn_implementation = "sdpa"  # training may have used flex masks; inference passes none
-        if self.args.draft_vocab_size:
-            drafter.set_draft_vocabulary(frequent_tokens(self.train_samples, self.args.draft_vocab_size))
-        device = self.target.get_input_embeddings().weight.device
-        return drafter.to(device=device, dtype=self.target.dtype).eval()
+        """A drafter ready for inference from the full (gathered) weights, with the --draft-vocab-size tokens most
+        frequent in the training samples: see :func:`~hf_dflash.training.export.inference_drafter`."""
+        draft_vocab = (frequent_tokens(self.train_samples, self.args.draft_vocab_size)
+                       if self.args.draft_vocab_size else None)
+        return inference_drafter(self.model_config, state_dict, self.target, draft_vocab)
 
     def finish(self, heldout: dict[str, Any]) -> dict[str, Any]:
         """Measure tau with real generate(), write the drafter + training_info.json + eval.json atomically."""
-        accelerator = self.accelerator
-        state_dict = accelerator.get_state_dict(self.model)  # a collective under FSDP: every process calls it
+        state_dict = self.accelerator.get_state_dict(self.model)  # a collective under FSDP: every process calls it
         results: dict[str, Any] = {"heldout": heldout, "steps": self.global_step, "compute": self.compute_so_far()}
-        if not accelerator.is_main_process:
-            accelerator.wait_for_everyone()
-            return results
-        drafter = self.export_drafter(state_dict)
-        prompts = self.eval_prompt_ids()
-        if prompts:
-            results["generate"] = measure_acceptance_length(self.target, drafter, prompts,
-                                                            self.args.eval_max_new_tokens)
-            results["tau"] = results["generate"]["tau"]
-            logger.info(f"Measured acceptance length tau = {results['tau']:.3f} over {len(prompts)} prompts.")
-        drafter.training_info = {
-            "target": target_display_name(self.args.target),
-            "dataset": self.args.data,
-            "init_drafter": self.args.init_drafter,
-            "num_samples": len(self.train_samples),
-            "epochs": self.args.epochs,
-            "steps": self.global_step,
-            "block_size": self.args.block_size,
-            "num_layers": self.args.num_layers,
-            "learning_rate": self.args.lr,
-            "max_length": self.args.max_length,
-            "tau": results.get("tau"),
-            "heldout_acceptance_length": heldout.get("acceptance_length"),
-            "heldout_accuracy": heldout.get("accuracy"),
-        }
-        recipe = self.recipe_options()
-        if recipe:
-            drafter.training_info["recipe"] = recipe
-        if self.args.push_to_hub:
-            drafter.training_info["repo_id"] = self.args.push_to_hub
-        # the model card's usage snippets name the Hub repo, else the output folder (not the temporary one written)
-        drafter.hub_repo_id = self.args.push_to_hub or Path(self.args.output_dir).resolve().name
-
-        def write(folder: Path) -> None:
-            drafter.save_pretrained(folder)
-            (folder / "training_info.json").write_text(json.dumps(drafter.training_info, indent=2) + "\n")
-            (folder / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
-            log = Path(self.args.output_dir) / LOG_FILE
-            if log.exists() and plot_training_curves(read_log(log), folder / CURVES_FILE):
-                logger.info(f"Learning curves: {Path(self.args.output_dir) / CURVES_FILE}")
-
-        write_folder_atomically(Path(self.args.output_dir), write)
-        if self.args.push_to_hub:
-            push_folder_to_hub(self.args.output_dir, self.args.push_to_hub)
-        accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            drafter = self.export_drafter(state_dict)
+            results.update(measured_tau(self.target, drafter, self.eval_prompt_ids(), self.args.eval_max_new_tokens))
+            write_final_drafter(self.args, drafter, results, num_samples=len(self.train_samples))
+        self.accelerator.wait_for_everyone()
         return results
 
 

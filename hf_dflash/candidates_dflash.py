@@ -1,0 +1,216 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""The DFlash candidate generator: one drafter forward proposes a block of drafts (transformers' ``CandidateGenerator``
+API), or the cost-aware policy picks a prompt-lookup continuation or a plain step instead.
+
+Part of the remote-code payload: imports only torch, transformers and sibling modules.
+"""
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.generation import logits_process as lp
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from .cache_dflash import cache_argument
+from .checks_dflash import ADAPTIVE_SCHEDULES, DEFAULT_LOOKUP_TOKENS, DFlashCallOptions, resolve_call_options
+from .lookup_dflash import prompt_lookup_match
+from .policy_dflash import CostAwarePolicy, gemm_friendly_rows, policy_memory
+from .sampling_dflash import choose_drafts
+
+
+class DFlashCandidateGenerator(CandidateGenerator):
+    """Proposes a block of candidate tokens per sequence with one drafter forward.
+
+    Holds the drafter's cache of context K/V (target features of every token the target has verified, in the same
+    slots as the target's own cache, so one padding mask serves both) and the draft length
+    ``self.num_assistant_tokens``: how many of the drafter's B-1 drafts the target verifies per cycle, kept as
+    transformers' ``AssistedCandidateGenerator`` keeps it. The drafter always fills its whole block in one forward;
+    verifying fewer drafts makes the target's verify forward (and the drafter's LM head) cheaper, which pays where
+    verify cost grows with its length (CPUs) and the drafter is weak. ``num_assistant_tokens`` caps the count
+    (default: all B-1); with ``num_assistant_tokens_schedule="heuristic"`` (or "heuristic_transient": the same, as a
+    generator lives for one ``generate`` call) :meth:`update_candidate_strategy` applies transformers' rule: +2
+    after a cycle where every row accepted every draft, -1 otherwise, within [1, B-1]. Only the speed changes: every
+    count is lossless.
+
+    The default, when the caller sets neither ``num_assistant_tokens`` nor its schedule (``dflash_policy="cost"``):
+    each cycle :class:`CostAwarePolicy` picks the draft count that maximises expected committed tokens per second
+    from the measured costs of verify forwards by width and of the drafter, and from the acceptance rate by depth
+    observed so far; 0 drafts means a plain target step (no drafter forward; its features still reach the drafter
+    later). ``dflash_policy="full"`` verifies the whole block every cycle.
+
+    Example:
+        >>> generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())  # doctest: +SKIP
+        >>> candidates, scores = generator.get_candidates(input_ids, context_hidden_states=features)  # doctest: +SKIP
+        >>> generator.update_candidate_strategy(candidates, target_scores, num_matches)  # doctest: +SKIP
+    """
+
+    def __init__(self, drafter, target, generation_config, logits_processor=None,
+                 options: DFlashCallOptions | None = None):
+        options = options if options is not None else resolve_call_options(generation_config)
+        self.drafter = drafter
+        self.input_embeddings = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self.block_size = drafter.config.block_size
+        self.do_sample = bool(generation_config.do_sample)
+        self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
+        self.max_length = generation_config.max_length
+        most = self.block_size - 1
+        self.num_assistant_tokens = min(most, generation_config.num_assistant_tokens or most)
+        self.adaptive = generation_config.num_assistant_tokens_schedule in ADAPTIVE_SCHEDULES
+        self.policy = CostAwarePolicy(target, most, policy_memory(drafter)) if options.cost_policy else None
+        # The prompt-lookup source of the cost-aware policy (batch size 1): up to this many tokens that followed the
+        # last earlier occurrence of the text's final n-gram (None: off)
+        lookup_tokens = generation_config.prompt_lookup_num_tokens or DEFAULT_LOOKUP_TOKENS
+        self.lookup_tokens = lookup_tokens if options.lookup else None
+        self.lookup_ngram = generation_config.max_matching_ngram_size or 2
+        self.lookup_size, self.drafter_ran = 0, False  # where the last candidates came from
+        # a tree needs the whole block's scores whenever the drafter runs (the policy then sizes the tree instead)
+        self.full_blocks = options.tree_budget is not None
+        # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
+        self.cache = DynamicCache()
+        self.cache_keyword = cache_argument(drafter)
+        mask_ids = torch.full((1, most), drafter.config.mask_token_id)
+        self.mask_embeds = self._embed(mask_ids)
+        # A draft vocabulary: the LM head's rows for those tokens, gathered once (on a CPU the head is mostly the
+        # cost of reading its weights)
+        self.draft_ids = drafter.draft_token_ids()
+        if self.draft_ids is not None:
+            self.draft_ids = self.draft_ids.to(self.lm_head.weight.device)
+            self.draft_head = self.lm_head.weight[self.draft_ids]
+
+    def _embed(self, ids):
+        weight = self.input_embeddings.weight
+        return self.input_embeddings(ids.to(weight.device)).to(self.drafter.device)
+
+    def get_candidates(
+        self,
+        input_ids,
+        context_hidden_states=None,
+        *,
+        histories=None,
+        context_positions=None,
+        anchor_positions=None,
+        slot_mask=None,
+        **kwargs,
+    ):
+        """CandidateGenerator API: ``(input_ids + drafts, draft_scores)`` with at most ``self.num_assistant_tokens``
+        drafts and none past ``max_length`` (if set); ``(input_ids, None)`` when no draft fits, as transformers'
+        generators answer.
+
+        One unpadded sequence: `input_ids` [1, L] ends with the anchor (the token the target has not read yet), and
+        `context_hidden_states` [1, n, T*H] are the target features of the positions after those already cached
+        here, up to the anchor excluded.
+
+        A batch (as :func:`dflash_decoding` calls it): `input_ids` [b, 1] holds each row's anchor, so the candidates
+        are the verify block ``[anchor, drafts]``; `histories` each row's committed tokens (rows may differ in
+        length), `context_positions` [b, n] and `anchor_positions` [b] the positions of the context and of the
+        anchors, `slot_mask` [b, cache + n] which cache slots hold real tokens (None: all do).
+        """
+        if histories is None:
+            histories = list(input_ids)
+            cached, length = self.cache.get_seq_length(), input_ids.shape[1]
+            context_positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
+            anchor_positions = torch.tensor([length - 1], device=input_ids.device)
+        num_drafts, lookup, size = self.num_assistant_tokens, [], 0
+        self.lookup_size, self.drafter_ran = 0, False
+        room = None if self.max_length is None else self.max_length - min(len(h) for h in histories) - 1
+        if self.policy is not None:
+            if self.lookup_tokens and len(histories) == 1:
+                lookup, size = prompt_lookup_match(histories[0], self.lookup_tokens, self.lookup_ngram,
+                                                   min(2, self.lookup_ngram))  # a lone token's match rarely holds
+                lookup = lookup if room is None else lookup[: max(room, 0)]
+            chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size)
+            if chosen == 0 or from_lookup or not self.full_blocks:
+                # the policy caps a chain; a tree (full_blocks) keeps the drafter's whole block whenever it runs
+                num_drafts = min(num_drafts, chosen)
+            if from_lookup:
+                self.lookup_size = size
+                drafts = input_ids.new_tensor(lookup[:chosen])[None]
+                return torch.cat([input_ids, drafts], dim=1), self._point_mass_scores(drafts)
+        if room is not None:
+            num_drafts = min(num_drafts, room)
+        if num_drafts <= 0:
+            return input_ids, None
+        drafts, scores = self.propose(
+            histories, context_hidden_states, context_positions, anchor_positions, slot_mask, num_drafts
+        )
+        self.drafter_ran = True
+        return torch.cat([input_ids, drafts], dim=1), scores
+
+    def _point_mass_scores(self, drafts):
+        # Lookup drafts are proposed with certainty: q is a point mass on each (speculative sampling stays exact).
+        scores = torch.full((*drafts.shape, self.lm_head.weight.shape[0]), float("-inf"), device=drafts.device)
+        return scores.scatter_(2, drafts[..., None], 0.0)
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        """Adapt ``self.num_assistant_tokens`` after a verification (heuristic schedules only).
+
+        `scores` [b, k + 1, V] are the target's scores for the k drafts and the position after them; `num_matches`
+        the accepted drafts (an int, or one per row: the count grows only when every row accepted all k).
+        """
+        num_drafts = scores.shape[1] - 1
+        if self.policy is not None:
+            self.policy.observe_acceptance(num_drafts, torch.as_tensor(num_matches).reshape(-1).tolist(),
+                                           self.lookup_size)
+        if not self.adaptive or num_drafts == 0:
+            return
+        if bool((torch.as_tensor(num_matches) == num_drafts).all()):
+            self.num_assistant_tokens = min(self.block_size - 1, self.num_assistant_tokens + 2)
+        else:
+            self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+
+    def observe_tree_cycle(self, device, cycle, draft_seconds: float) -> None:
+        """A tree cycle's `cycle` = (verify width, accepted drafts, verify seconds, drafts the drafter expected): its
+        costs and acceptance for the cost-aware policy."""
+        if self.policy is not None:
+            width, accepted, seconds, expected = cycle
+            self.observe_costs(1, device, width, seconds, draft_seconds)
+            self.policy.observe_tree(expected, accepted)
+
+    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
+                      draft_seconds: float | None = None) -> None:
+        """A cycle's measured costs (see :meth:`CostAwarePolicy.observe_costs`), for the cost-aware policy."""
+        if self.policy is not None:
+            self.policy.observe_costs(batch, device, width, target_seconds, draft_seconds)
+
+    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
+        """One drafter forward: `num_drafts` draft tokens for each row (what :meth:`get_candidates` calls).
+
+        Args:
+            histories: committed tokens per row (the last one is the anchor, not yet seen by the target).
+            context: [b, n, T*H] target features of the slots the target verified since the last call.
+            context_positions: [b, n] their positions; anchor_positions: [b] the anchors' positions.
+            slot_mask: [b, cache + n] which cache slots hold real tokens (None: all do).
+        Returns:
+            drafts [b, num_drafts] and the processed drafter scores they were chosen from (q = softmax(scores)).
+        """
+        num_drafts = self.block_size - 1 if num_drafts is None else num_drafts
+        device, batch = self.drafter.device, len(histories)
+        anchors = torch.stack([h[-1:] for h in histories])
+        block = torch.cat([self._embed(anchors), self.mask_embeds.expand(batch, -1, -1)], dim=1)
+        offsets = torch.arange(self.block_size, device=device)
+        positions = torch.cat([context_positions.to(device), anchor_positions.to(device)[:, None] + offsets], dim=1)
+        if slot_mask is not None:
+            slot_mask = torch.cat([slot_mask, slot_mask.new_ones(batch, self.block_size)], dim=1).to(device)
+        hidden = self.drafter(
+            noise_embeds=block,
+            context_hidden_states=context.to(device),
+            position_ids=positions,
+            attention_mask=slot_mask,
+            **{self.cache_keyword: self.cache},
+        ).last_hidden_state
+        self.cache.crop(-self.block_size)  # keep the context K/V only
+        rows = gemm_friendly_rows(num_drafts + 1, device, batch)
+        hidden = hidden[:, :rows].to(self.lm_head.weight.device)
+        logits = self.draft_logits(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
+        return choose_drafts(self.logits_processor, histories, logits, self.do_sample)
+
+    def draft_logits(self, hidden):
+        """The target LM head's logits for drafter `hidden` states; with a draft vocabulary, only its tokens get
+        finite logits (-inf elsewhere: never proposed, and q = 0 there for speculative sampling)."""
+        if self.draft_ids is None:
+            return self.lm_head(hidden)
+        partial = hidden @ self.draft_head.T
+        if getattr(self.lm_head, "bias", None) is not None:
+            partial = partial + self.lm_head.bias[self.draft_ids]
+        logits = partial.new_full((*partial.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
+        return logits.index_copy_(-1, self.draft_ids, partial)

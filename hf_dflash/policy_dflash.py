@@ -1,0 +1,268 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""The cost-aware draft policy (``dflash_policy="cost"``, the default): how many drafts to verify each cycle, from
+which source (the drafter's block or a prompt lookup), or a plain target step, from measured costs and acceptance.
+
+Costs are kept with the objects they describe (weakly keyed by the target, acceptance by the drafter), measured with
+:func:`synchronized_clock`, the one clock of the package. Part of the remote-code payload: imports only torch.
+"""
+
+import copy
+import functools
+import math
+import time
+import weakref
+
+import torch
+
+
+def synchronized_clock(device) -> float:
+    """perf_counter after the device's queued work is done, so a difference of two covers the work, not its launch.
+
+    Example:
+        >>> synchronized_clock(torch.device("cpu")) > 0
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
+    """CPU fp32 GEMMs with 9..15 rows cost more than with 16 (a faster kernel starts at 16): round up there.
+
+    Example:
+        >>> cpu = torch.device("cpu")
+        >>> gemm_friendly_rows(8, cpu), gemm_friendly_rows(9, cpu), gemm_friendly_rows(9, cpu, batch=2)
+        (8, 16, 9)
+    """
+    return 16 if device.type == "cpu" and batch == 1 and 9 <= rows < 16 else rows
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the cost-aware draft length
+class CostTable:
+    """Measured seconds of the target's verify forward by width, and of one drafter forward (moving averages).
+
+    Example:
+        >>> table = CostTable()
+        >>> table.observe_verify(1, 0.010); table.observe_verify(16, 0.030)
+        >>> round(table.verify_seconds(6), 4), table.verify_seconds(32) > 0.030
+        (0.0167, True)
+    """
+
+    def __init__(self):
+        self.verify: dict[int, float] = {}
+        self.draft: float | None = None
+
+    @staticmethod
+    def _average(old: float | None, new: float) -> float:
+        return new if old is None else 0.8 * old + 0.2 * new
+
+    def observe_verify(self, width: int, seconds: float) -> None:
+        self.verify[width] = self._average(self.verify.get(width), seconds)
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft = self._average(self.draft, seconds)
+
+    def verify_seconds(self, width: int) -> float | None:
+        """Measured, else linear between the nearest measured widths (extrapolated past the ends); None if none."""
+        if width in self.verify:
+            return self.verify[width]
+        points = sorted(self.verify.items())
+        if len(points) < 2:
+            return points[0][1] if points else None
+        # the segment whose right end is the first measured width above `width` (the last segment past the end)
+        right = next((i for i, (x, _) in enumerate(points) if x > width), len(points) - 1)
+        (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
+        return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
+
+
+# target -> {(device, dtype, batch): CostTable}: measured once, refined by every generate() call; weakly keyed, so the
+# tables go with the target (a new model never inherits a collected one's costs, as an id() key could)
+_COST_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# drafter -> what the cost-aware policy learned of its acceptance (gone with the drafter)
+_POLICY_MEMORY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def cost_tables(target) -> dict:
+    """{(device, dtype, batch): CostTable} measured for `target` in this process (a new, empty dict the first time)."""
+    return _COST_TABLES.setdefault(target, {})
+
+
+def cost_table(target, device, batch: int) -> CostTable:
+    """The :class:`CostTable` of `target` on `device` at batch size `batch`."""
+    return cost_tables(target).setdefault((str(device), str(target.dtype), batch), CostTable())
+
+
+def policy_memory(drafter) -> dict:
+    """What the cost-aware policy learned of `drafter`'s acceptance in earlier calls (a dict it keeps up to date)."""
+    return _POLICY_MEMORY.setdefault(drafter, {})
+
+
+class CostAwarePolicy:
+    """Chooses each cycle's draft source and count k (0 = a plain target step) to maximise expected committed tokens
+    per second.
+
+    Two sources compete: the drafter's chain (seconds(k) = t(draft) + t(verify of k + 1 rows)) and, at batch size 1,
+    the prompt-lookup continuation of the text so far (transformers' prompt lookup: no drafter forward, so
+    seconds(k) = t(verify of k + 1 rows)); a plain step costs t(verify of 1 row). expected tokens(k) = 1 +
+    sum_{j<=k} prod_{i<=j} a_i, with a_i the acceptance rate at depth i given every earlier draft was accepted,
+    counted per source as generation goes (the lookup's per matched n-gram size), decaying, from a 1/2 prior. The
+    first cycle with a drafter verifies a full block (it measures the drafter and a wide verify, and the acceptance
+    at every depth); t(1) is measured by the first plain step chosen. When plain steps win, a drafter cycle is still
+    tried now and then (after 4 plain steps, then 8, 16, ... up to 64) so a drafter that improves, or a costlier
+    target, is noticed; the lookup's counts fade every cycle a continuation is offered, so it is retried too.
+    Statistics and the probing schedule carry over to the drafter's next calls. Output never depends on the choice.
+    """
+
+    REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
+                  "lookup_accepted", "tree_expected", "tree_accepted")
+
+    def __init__(self, target, most: int, memory: dict | None = None):
+        self.target, self.most = target, most
+        self.reached = [0.0] * most
+        self.accepted = [0.0] * most
+        self.lookup_reached: dict[int, list[float]] = {}  # matched n-gram size -> counts by depth
+        self.lookup_accepted: dict[int, list[float]] = {}
+        self.plain_streak, self.probe_after = 0, 4
+        self.cycles = 0
+        self.tree_expected, self.tree_accepted = 0.0, 0.0  # trees: drafts the drafter expected vs those accepted
+        # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
+        self.memory = memory if memory is not None else {}
+        if self.memory.get("most") == most:
+            self.__dict__.update(copy.deepcopy(self.memory["state"]))
+
+    def _remember(self) -> None:
+        self.memory.update(most=self.most, state={name: getattr(self, name) for name in self.REMEMBERED})
+
+    def table(self, batch: int, device) -> CostTable:
+        return cost_table(self.target, device, batch)
+
+    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
+                      draft_seconds: float | None = None) -> None:
+        """A cycle's measured costs: the target's seconds for a verify of `width` rows (with any re-advance) and the
+        drafter's (None: it did not run)."""
+        table = self.table(batch, device)
+        table.observe_verify(width, target_seconds)
+        if draft_seconds is not None:
+            table.observe_draft(draft_seconds)
+
+    def acceptance_rates(self) -> list[float]:
+        return _rates(self.accepted, self.reached)
+
+    def lookup_rates(self, size: int, length: int) -> list[float]:
+        """Acceptance rates by depth of lookup continuations found by an n-gram of `size`, for `length` depths, from
+        a sceptical 1/4 prior (most text does not repeat; a drafter that has been right must not lose its cycles to
+        an untried lookup)."""
+        rates = _rates(self.lookup_accepted.get(size, []), self.lookup_reached.get(size, []), prior=0.25)[:length]
+        return rates + [0.25] * (length - len(rates))
+
+    def observe_acceptance(self, num_drafts: int, accepted: list[int], lookup_size: int = 0) -> None:
+        """Count one verification of `num_drafts` drafts per row (`accepted`: accepted drafts per row); from the
+        drafter, or from a prompt lookup whose n-gram of `lookup_size` tokens matched."""
+        if lookup_size:
+            reached = self.lookup_reached.setdefault(lookup_size, [])
+            hits = self.lookup_accepted.setdefault(lookup_size, [])
+            grow = max(0, num_drafts - len(reached))
+            reached.extend([0.0] * grow)
+            hits.extend([0.0] * grow)
+        else:
+            reached, hits = self.reached, self.accepted
+        _decay(reached, 0.97)
+        _decay(hits, 0.97)
+        for n in accepted:
+            for depth in range(min(n + 1, num_drafts)):
+                reached[depth] += 1.0
+                hits[depth] += float(depth < n)
+        self._remember()
+
+    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0) -> tuple[int, bool]:
+        """(draft count k, whether the drafts come from the prompt lookup) for the next cycle; `lookup_length`
+        tokens of lookup continuation are on offer (0: none), found by an n-gram of `lookup_size` tokens."""
+        table = self.table(batch, device)
+        width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
+        self.cycles += 1
+        self._fade_lookup(lookup_size)
+        self._remember()
+        if self.cycles == 1 or table.draft is None or max(table.verify, default=0) < width(self.most + 1):
+            return self.most, False  # a call starts with a full block: its costs (once) and this drafter's acceptance
+        # A plain step costs at most what the narrowest measured verify did: until one is measured, that bound
+        # favours drafting, so a good drafter is never interrupted just to measure plain decoding.
+        plain = table.verify.get(1, min(table.verify.values()))
+        drafting = best_draft_count(self.acceptance_rates(), lambda k: table.draft + table.verify_seconds(width(k + 1)))
+        choice, speed = (drafting[0], False), drafting[1]
+        if lookup_length:
+            k, lookup_speed = best_draft_count(self.lookup_rates(lookup_size, lookup_length),
+                                               lambda k: table.verify_seconds(width(k + 1)))
+            if lookup_speed > speed:
+                choice, speed = (k, True), lookup_speed
+        if speed > 1.0 / plain:
+            self.plain_streak, self.probe_after = 0, 4
+            return choice
+        self.plain_streak += 1
+        if self.plain_streak < self.probe_after:
+            return 0, False
+        self.plain_streak, self.probe_after = 0, min(64, 2 * self.probe_after)
+        return drafting[0], False
+
+    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
+        """Drafts to verify from a best-first tree whose nodes have the drafter's joint path log-probabilities
+        `log_probs` (node 0: the anchor): the b maximising (1 + c * sum of the first b path probabilities) /
+        t(verify of b + 1 rows), c the measured ratio of accepted to expected drafts (the drafter's calibration).
+        The drafter has run already, so its cost does not count here; the whole tree until verify costs are known."""
+        table = self.table(batch, device)
+        nodes = len(log_probs) - 1
+        if len(table.verify) < 2:
+            return nodes
+        width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
+        scale = (self.tree_accepted + 1.0) / (self.tree_expected + 1.0)
+        best, best_speed, mass = nodes, 0.0, 0.0
+        for b in range(1, nodes + 1):
+            mass += math.exp(log_probs[b])
+            speed = (1.0 + scale * mass) / table.verify_seconds(width(b + 1))
+            if speed > best_speed:
+                best, best_speed = b, speed
+        return best
+
+    def observe_tree(self, expected: float, accepted: int) -> None:
+        """One tree verification: the drafter expected `expected` accepted drafts (its path probabilities summed), the
+        target accepted `accepted`. Also counted as a chain of that acceptance (the draft-or-not choice)."""
+        self.tree_expected = 0.97 * self.tree_expected + expected
+        self.tree_accepted = 0.97 * self.tree_accepted + accepted
+        self.observe_acceptance(self.most, [accepted])
+
+    def _fade_lookup(self, size: int) -> None:
+        # Offered but (maybe) not taken: the counts shrink towards the prior, so a lookup source that looked poor is
+        # tried again after a while (copy-heavy passages come and go).
+        if size in self.lookup_reached:
+            _decay(self.lookup_reached[size], 0.98)
+            _decay(self.lookup_accepted[size], 0.98)
+
+
+def _decay(counts: list[float], factor: float) -> None:
+    """Age observation counts in place: old cycles weigh less, so estimates follow a drifting text."""
+    counts[:] = [factor * c for c in counts]
+
+
+def _rates(accepted: list[float], reached: list[float], prior: float = 0.5) -> list[float]:
+    return [(a + 2.0 * prior) / (r + 2.0) for a, r in zip(accepted, reached)]
+
+
+def best_draft_count(rates: list[float], seconds) -> tuple[int, float]:
+    """(k, expected tokens per second) of the best draft count k >= 1 for acceptance `rates` by depth and the
+    `seconds(k)` a cycle of k drafts costs.
+
+    Example:
+        >>> k, speed = best_draft_count([0.9, 0.9, 0.1], lambda k: 1.0 + 0.1 * k)
+        >>> k, round(speed, 3)
+        (2, 2.258)
+    """
+    best, expected, reach = (0, 0.0), 1.0, 1.0
+    for k, rate in enumerate(rates, 1):
+        reach *= rate
+        expected += reach
+        speed = expected / seconds(k)
+        if speed > best[1]:
+            best = (k, speed)
+    return best

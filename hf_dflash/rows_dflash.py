@@ -1,0 +1,176 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Per-row state of a DFlash generate() call: what each row of a batch has committed, where its slots are, when it
+stops (exactly where plain ``generate`` would), and the outputs plain ``generate`` would return.
+
+Part of the remote-code payload: imports only torch, transformers and sibling modules.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .cache_dflash import select_cache_rows
+
+
+@dataclass
+class Rows:
+    """Per-row state of the rows still generating (axis 0 of every tensor); finished rows leave it.
+
+    The target's and the drafter's caches hold one slot per verified position of every row; the batch's longest
+    acceptance sets how many slots a cycle adds, and ``slot_mask`` marks the slots that hold no real token (left
+    padding, and drafts a row rejected while a neighbour accepted more) so no row waits for a neighbour.
+
+    Example (two prompts, the second left-padded):
+        >>> rows = Rows.for_prompts(torch.tensor([[5, 6, 7], [0, 8, 9]]), torch.tensor([[1, 1, 1], [0, 1, 1]]))
+        >>> rows.feature_positions.tolist(), rows.slot_mask.tolist()
+        ([[0, 1, 2], [0, 0, 1]], [[True, True, True], [False, True, True]])
+        >>> rows.anchor_positions = torch.tensor([3, 2])
+        >>> ids, positions, mask = rows.verify_inputs(torch.tensor([[7, 11], [9, 12]]), width=2)
+        >>> positions.tolist(), mask.tolist()
+        ([[3, 4], [2, 3]], [[True, True, True, True, True], [False, True, True, True, True]])
+    """
+
+    histories: list[torch.Tensor]  # committed tokens per row (its prompt, padding included, first); last: the anchor
+    ids: list[int]  # the original batch row of each row
+    finished: list[torch.Tensor | None]  # by original batch row: the history a finished row ends with
+    slot_mask: torch.Tensor | None  # [b, slots]: which cache slots hold real tokens; None while all do
+    feature_positions: torch.Tensor  # [b, n]: positions of the slots verified since the drafter last read features
+    features: torch.Tensor | None = None  # [b, n, T*H]: their target features, the drafter's next context
+    anchor_positions: torch.Tensor | None = None  # [b]: position of each row's anchor (its last committed token)
+
+    @classmethod
+    def for_prompts(cls, input_ids, attention_mask=None) -> "Rows":
+        """The rows of a left-padded batch before the prefill: positions count real tokens only."""
+        batch, prompt_len = input_ids.shape
+        slot_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        if slot_mask is None:
+            positions = torch.arange(prompt_len, device=input_ids.device)[None].expand(batch, -1)
+        else:
+            positions = (slot_mask.long().cumsum(-1) - 1).clamp_min(0)
+        return cls(list(input_ids), list(range(batch)), [None] * batch, slot_mask, positions)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def anchors(self) -> torch.Tensor:
+        """[b, 1]: each row's last committed token, which the target has not read yet."""
+        return torch.stack([h[-1:] for h in self.histories])
+
+    def start(self, tokens, features, scores, stopping_criteria) -> list[int]:
+        """After the prefill: append each row's first token (`tokens` [b, 1]); the prompt features are the drafter's
+        first context. Returns the rows that go on."""
+        self.features, self.anchor_positions = features, self.feature_positions[:, -1] + 1
+        return [r for r in range(len(self)) if self._extend(r, tokens[r], scores[r], stopping_criteria)[1]]
+
+    def retire(self, running: list[int], *caches) -> bool:
+        """Keep only the rows `running` (indices), here and in `caches`; the others are finished. False: none left."""
+        if len(running) == len(self):
+            return True
+        for r in set(range(len(self))) - set(running):
+            self.finished[self.ids[r]] = self.histories[r]
+        if not running:
+            return False
+        keep = torch.tensor(running, device=self.anchor_positions.device)
+        for cache in caches:
+            select_cache_rows(cache, keep)
+        self.histories, self.ids = [self.histories[r] for r in running], [self.ids[r] for r in running]
+        self.features, self.feature_positions = self.features[keep], self.feature_positions[keep]
+        self.anchor_positions = self.anchor_positions[keep]
+        self.slot_mask = self.slot_mask[keep] if self.slot_mask is not None else None
+        return True
+
+    def verify_inputs(self, candidates, width: int):
+        """Target inputs for `candidates` [b, 1 + k] (anchor, drafts) padded with their last token to `width` slots:
+        ids and positions [b, width], and the attention mask over cache and block (None while every slot is real)."""
+        ids = torch.cat([candidates, candidates[:, -1:].expand(-1, width - candidates.shape[1])], dim=1)
+        positions = self.anchor_positions[:, None] + torch.arange(width, device=self.anchor_positions.device)
+        if self.slot_mask is None:
+            return ids, positions, None
+        return ids, positions, torch.cat([self.slot_mask, self.slot_mask.new_ones(len(self), width)], dim=1)
+
+    def commit(self, accepted, tokens, scores, features, positions, cache, cached: int, stopping_criteria,
+               drafter_read: bool = True):
+        """Commit a verification: row r accepted `accepted[r]` drafts and then `tokens[r, accepted[r]]`.
+
+        The target `cache` (`cached` slots before the verify forward) keeps the slots of the longest acceptance;
+        shorter rows mark their rejected slots as padding. The kept slots' `features` / `positions` [b, width, ...]
+        become the drafter's next context (after the unread ones, when the drafter did not run this cycle). Each row's history grows by its tokens, cut exactly where plain generate
+        would stop (EOS, max length, stop strings inside the block; `scores` [b, k + 1, V] feed the criteria).
+
+        Returns (the rows that go on, the tokens each row committed).
+        """
+        keep = int(accepted.max()) + 1
+        cache.crop(-(positions.shape[1] - keep))
+        real = torch.arange(keep, device=self.anchor_positions.device)[None] <= accepted[:, None]
+        if self.slot_mask is not None or not bool(real.all()):
+            before = self.slot_mask if self.slot_mask is not None else real.new_ones(len(self), cached)
+            self.slot_mask = torch.cat([before, real], dim=1)
+        if drafter_read:
+            self.features, self.feature_positions = features[:, :keep], positions[:, :keep]
+        else:  # a plain step: the drafter has not read the previous features either; it reads both next time
+            self.features = torch.cat([self.features, features[:, :keep]], dim=1)
+            self.feature_positions = torch.cat([self.feature_positions, positions[:, :keep]], dim=1)
+        self.anchor_positions = self.anchor_positions + accepted + 1
+        running, committed = [], []
+        for r, n in enumerate(accepted.tolist()):
+            new, goes_on = self._extend(r, tokens[r, : n + 1], scores[r], stopping_criteria)
+            committed.append(new)
+            if goes_on:
+                running.append(r)
+        return running, committed
+
+    def _extend(self, r: int, tokens, scores, stopping_criteria):
+        """Append `tokens` to row r's history up to the first one plain generate stops after: (appended, goes on)."""
+        start = len(self.histories[r])
+        history = torch.cat([self.histories[r], tokens])
+        stop = first_stop(stopping_criteria, history, start, scores)
+        self.histories[r] = history if stop is None else history[: start + stop + 1]
+        return self.histories[r][start:], stop is None
+
+
+def first_stop(stopping_criteria, history, start: int, scores) -> int | None:
+    """Index (relative to `start`) of the first new token of `history` [L] after which generation must stop.
+
+    `scores` [n, V] holds the processed scores each new token was chosen from (row i for token start + i).
+    """
+    for i in range(start, len(history)):
+        if bool(stopping_criteria(history[None, : i + 1], scores[None, i - start]).any()):
+            return i - start
+    return None
+
+
+class OutputRecorder:
+    """Per-token scores / logits / hidden states / attentions, in the layout plain ``generate`` returns (batch 1)."""
+
+    def __init__(self, config):
+        self.on = bool(config.return_dict_in_generate)
+        self.scores = () if self.on and config.output_scores else None
+        self.logits = () if self.on and config.output_logits else None
+        self.attentions = () if self.on and config.output_attentions else None
+        self.hidden_states = () if self.on and config.output_hidden_states else None
+
+    def add(self, outputs, raw, processed, count: int, prefill: bool, kv_length: int):
+        """Record `count` committed tokens whose logits are rows 0..count-1 of raw/processed."""
+        for i in range(count):
+            if self.scores is not None:
+                self.scores += (processed[:, i],)
+            if self.logits is not None:
+                self.logits += (raw[:, i],)
+            if self.hidden_states is not None:
+                self.hidden_states += (tuple(h if prefill else h[:, i : i + 1] for h in outputs.hidden_states),)
+            if self.attentions is not None and outputs.attentions is not None:
+                self.attentions += (
+                    tuple(a if prefill else a[..., i : i + 1, : kv_length + i + 1] for a in outputs.attentions),
+                )
+
+
+def right_padded(histories: list[torch.Tensor], config) -> torch.Tensor:
+    """Finished rows padded with pad_token_id to the longest row, as plain batched generate returns them."""
+    longest = max(len(h) for h in histories)
+    if all(len(h) == longest for h in histories):
+        return torch.stack(histories)
+    pad = config._pad_token_tensor
+    if pad is None:
+        raise ValueError("Batched generation with rows of different lengths needs a pad_token_id.")
+    pad = pad.reshape(-1)[:1].to(histories[0])
+    return torch.stack([torch.cat([h, pad.expand(longest - len(h))]) for h in histories])

@@ -1,0 +1,147 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""What a run trains with: the frozen target, the drafter (fresh, from another drafter's weights or from the target's
+last layers), the objective, and the AdamW optimizer with its cosine schedule, placed by accelerate."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import get_cosine_schedule_with_warmup
+from transformers.utils import logging
+
+from ..modeling_dflash import DFlashDraftModel
+from ..models import load_target
+from .arguments import DFlashTrainingArguments
+from .loss import Objective
+from .recipe import shard_batches
+
+logger = logging.get_logger(__name__)
+
+INIT_DRAFTER_FIELDS = ("num_hidden_layers", "block_size", "target_layer_ids", "mask_token_id", "layer_fusion",
+                       "split_context_kv", "hidden_size", "vocab_size")
+
+
+def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlashDraftModel:
+    """`fresh` (built from the training arguments) with the weights of the drafter at `init_drafter`.
+
+    Raises a ValueError naming each architecture field that differs (e.g. --num-layers 5 for a 1-layer drafter), so
+    a run never silently trains something other than what its arguments say.
+    """
+    loaded = DFlashDraftModel.from_pretrained(init_drafter, dtype=torch.float32)
+    differ = {name: (getattr(loaded.config, name), getattr(fresh.config, name)) for name in INIT_DRAFTER_FIELDS
+              if getattr(loaded.config, name) != getattr(fresh.config, name)}
+    if differ:
+        listed = ", ".join(f"{name}: {a!r} there vs {b!r} here" for name, (a, b) in differ.items())
+        raise ValueError(f"--init-drafter {init_drafter} does not match the training arguments ({listed}). Pass the "
+                         "drafter's own values (--num-layers, --block-size, --target-layer-ids, --mask-token-id, the "
+                         "DFlare switches), or drop --init-drafter to train from scratch.")
+    fresh.load_state_dict(loaded.state_dict(), strict=True)
+    logger.info(f"Drafter weights initialised from {init_drafter}.")
+    return fresh
+
+
+def initial_weights_from_target(drafter: DFlashDraftModel, target) -> list[str]:
+    """Copy the target's last decoder layers into the drafter's layers (drafter layer i <- target layer
+    n - L + i) and its final norm into the drafter's, wherever a parameter's name and shape match; DFlare's separate
+    context projections (``k_proj_target`` / ``v_proj_target``) start from the same layer's ``k_proj`` / ``v_proj``.
+    Returns the drafter parameter names that were copied (the rest keep their random init)."""
+    decoder = target.get_decoder()
+    target_layers = list(decoder.layers)
+    drafter_layers = list(drafter.layers)
+    offset = len(target_layers) - len(drafter_layers)
+    copied = []
+    with torch.no_grad():
+        pairs = [(f"layers.{i}.", layer, target_layers[max(0, offset + i)]) for i, layer in enumerate(drafter_layers)]
+        pairs.append(("norm.", drafter.norm, getattr(decoder, "norm", None)))
+        for prefix, mine, theirs in pairs:
+            if theirs is None:
+                continue
+            source = dict(theirs.named_parameters())
+            for name, param in mine.named_parameters():
+                origin = name.replace("k_proj_target", "k_proj").replace("v_proj_target", "v_proj")
+                if origin in source and source[origin].shape == param.shape:
+                    param.copy_(source[origin].to(param.dtype))
+                    copied.append(prefix + name)
+    if not copied:
+        logger.warning("--init-from-target: no drafter parameter matches the target's layers in name and shape; the "
+                       "drafter keeps its random initialisation.")
+    else:
+        logger.info(f"Drafter initialised from the target's last {len(drafter_layers)} layer(s): "
+                    f"{len(copied)} tensors.")
+    return copied
+
+
+def mixed_precision_mode(setting: str) -> str:
+    """accelerate's mixed-precision mode for --mixed-precision: "auto" is bf16 where the GPU has it, else none.
+
+    >>> mixed_precision_mode("fp16")
+    'fp16'
+    """
+    if setting != "auto":
+        return setting
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def frozen_target(args: DFlashTrainingArguments, device: torch.device, target=None, tokenizer=None) -> tuple:
+    """(target, tokenizer): the ones given (both, else --target is loaded onto `device`), the target in eval mode
+    without gradients: only the drafter trains."""
+    if target is None or tokenizer is None:
+        target, tokenizer = load_target(args.target, args.target_dtype, device=device,
+                                        device_map=args.target_device_map)
+    return target.eval().requires_grad_(False), tokenizer
+
+
+def drafter_to_train(args: DFlashTrainingArguments, target, attn_implementation: str,
+                     device: torch.device) -> DFlashDraftModel:
+    """The drafter the arguments describe for `target` (its random init drawn from the global RNG, so seed first),
+    with the --init-drafter / --init-from-target weights, in fp32 on `device` in train mode.
+
+    Raises a ValueError for target layer ids the target does not have, or an --init-drafter of another architecture.
+    """
+    drafter = DFlashDraftModel.from_target(
+        target, num_hidden_layers=args.num_layers, block_size=args.block_size,
+        target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
+    )
+    if args.init_drafter:
+        drafter = initial_drafter_weights(drafter, args.init_drafter)
+    if args.init_from_target:
+        initial_weights_from_target(drafter, target)
+    drafter.config._attn_implementation = attn_implementation
+    return drafter.to(device=device, dtype=torch.float32).train()  # fp32 master weights; autocast does bf16
+
+
+def run_length(args: DFlashTrainingArguments, num_samples: int, num_processes: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, optimizer steps of the whole run): an epoch is each process's share of the
+    micro-batches, grad_accum of them per step (the last step may have fewer); --max-steps caps the run, and with it
+    the learning-rate schedule.
+
+    >>> run_length(DFlashTrainingArguments("t", "d", "o", batch_size=2, grad_accum=2, epochs=3), 10, 1)
+    (3, 9)
+    >>> run_length(DFlashTrainingArguments("t", "d", "o", batch_size=2, grad_accum=2, epochs=3, max_steps=7), 10, 1)
+    (3, 7)
+    """
+    steps_per_epoch = math.ceil(len(shard_batches(num_samples, args.batch_size, num_processes, 0)) / args.grad_accum)
+    total_steps = steps_per_epoch * args.epochs
+    if args.max_steps is not None:
+        total_steps = min(total_steps, args.max_steps)
+    return steps_per_epoch, total_steps
+
+
+def prepared_optimization(accelerator, drafter: DFlashDraftModel, args: DFlashTrainingArguments,
+                          total_steps: int) -> tuple:
+    """(model, optimizer, scheduler): the drafter and AdamW prepared by accelerate (DDP / FSDP wrapping), and the
+    cosine schedule with warmup over `total_steps`. The scheduler is deliberately not prepared: we step it once per
+    optimizer step ourselves, where a prepared one steps once per process."""
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps)
+    model, optimizer = accelerator.prepare(drafter, optimizer)
+    return model, optimizer, scheduler
+
+
+def training_objective(args: DFlashTrainingArguments, target) -> Objective:
+    """The run's loss options (distillation, acceptance-aware loss), with the target's final logit soft-capping so
+    that distillation sees the distribution the target really samples from."""
+    softcap = getattr(target.config, "final_logit_softcapping", None)
+    return Objective(args.distill_weight, args.distill_top_k, args.acceptance_loss_weight,
+                     softcap if isinstance(softcap, (int, float)) else None)
