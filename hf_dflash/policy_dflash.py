@@ -6,6 +6,7 @@ Costs are kept with the objects they describe (weakly keyed by the target, accep
 :func:`synchronized_clock`, the one clock of the package. Part of the remote-code payload: imports only torch.
 """
 
+import collections
 import copy
 import functools
 import math
@@ -42,40 +43,94 @@ def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
 # ----------------------------------------------------------------------------------------------------------------------
 # the cost-aware draft length
 class CostTable:
-    """Measured seconds of the target's verify forward by width, and of one drafter forward (moving averages).
+    """Measured seconds of the target's verify forward by width, and of one drafter forward.
+
+    Each cost is the smallest of its last ``WINDOW`` samples: timing noise on a shared machine only ever adds time (a
+    load spike, another process's burst, a page fault), so one bad sample cannot move the estimate, while a machine
+    that really got slower (or faster) shows in every sample and moves it within ``WINDOW`` samples. ``age(width)``
+    counts the verify observations since that width was last measured (the policy refreshes a stale t(1)).
 
     Example:
         >>> table = CostTable()
-        >>> table.observe_verify(1, 0.010); table.observe_verify(16, 0.030)
-        >>> round(table.verify_seconds(6), 4), table.verify_seconds(32) > 0.030
-        (0.0167, True)
+        >>> table.observe_verify(1, 0.010); table.observe_verify(16, 0.030); table.observe_verify(1, 0.050)  # a spike
+        >>> table.verify[1], round(table.verify_seconds(6), 4), table.verify_seconds(32) > 0.030, table.age(1)
+        (0.01, 0.0167, True, 0)
     """
 
-    def __init__(self):
-        self.verify: dict[int, float] = {}
-        self.draft: float | None = None
+    WINDOW = 5
 
-    @staticmethod
-    def _average(old: float | None, new: float) -> float:
-        return new if old is None else 0.8 * old + 0.2 * new
+    def __init__(self):
+        self.verify_samples: dict[int, collections.deque] = {}
+        self.draft_samples: collections.deque = collections.deque(maxlen=self.WINDOW)
+        self.observations = 0
+        self.last_observed: dict[int, int] = {}
+
+    @property
+    def verify(self) -> dict[int, float]:
+        """{width: seconds}, widths ascending."""
+        return {width: min(samples) for width, samples in sorted(self.verify_samples.items())}
+
+    @property
+    def draft(self) -> float | None:
+        return min(self.draft_samples) if self.draft_samples else None
 
     def observe_verify(self, width: int, seconds: float) -> None:
-        self.verify[width] = self._average(self.verify.get(width), seconds)
+        self.verify_samples.setdefault(width, collections.deque(maxlen=self.WINDOW)).append(seconds)
+        self.last_observed[width] = self.observations
+        self.observations += 1
 
     def observe_draft(self, seconds: float) -> None:
-        self.draft = self._average(self.draft, seconds)
+        self.draft_samples.append(seconds)
+
+    def age(self, width: int) -> int | None:
+        """Verify observations since `width` was last measured (None: never)."""
+        seen = self.last_observed.get(width)
+        return None if seen is None else self.observations - 1 - seen
+
+    def stale(self, width: int, refresh: int) -> bool:
+        """Whether `width` is due for a new measurement: `refresh` observations after the last one, sooner while few
+        samples back its estimate (4 after the first, 16 after the second...: a lone first sample may have met a
+        spike, or the cold start of a call).
+
+        Example:
+            >>> table = CostTable()
+            >>> table.observe_verify(16, 0.03); [table.observe_verify(1, 0.01) for _ in range(4)] and None
+            >>> table.stale(16, refresh=64), table.stale(1, refresh=64)
+            (True, False)
+        """
+        age = self.age(width)
+        return age is not None and age >= min(refresh, 4 * len(self.verify_samples[width]) ** 2)
 
     def verify_seconds(self, width: int) -> float | None:
-        """Measured, else linear between the nearest measured widths (extrapolated past the ends); None if none."""
-        if width in self.verify:
-            return self.verify[width]
-        points = sorted(self.verify.items())
-        if len(points) < 2:
-            return points[0][1] if points else None
-        # the segment whose right end is the first measured width above `width` (the last segment past the end)
-        right = next((i for i, (x, _) in enumerate(points) if x > width), len(points) - 1)
-        (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
+        """Seconds of a verify of `width` rows on the lower convex hull of the measured widths (linear between hull
+        points, extended past the ends); None if none is measured. A verify's cost grows with its width along a
+        convex curve (flat while memory-bound, then linear), so a width whose few samples all met a load spike lies
+        above the hull and does not count until it is measured again at its true cost."""
+        hull = _lower_hull(list(self.verify.items()))
+        if len(hull) == 1:
+            return hull[0][1]
+        if not hull:
+            return None
+        # the segment whose right end is the first hull width above `width` (the last segment past the end)
+        right = next((i for i, (x, _) in enumerate(hull) if x > width), len(hull) - 1)
+        (x0, y0), (x1, y1) = hull[max(0, right - 1)], hull[max(1, right)]
         return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
+
+
+def _lower_hull(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The lower convex hull of `points` sorted by x (Andrew's monotone chain).
+
+    Example:
+        >>> _lower_hull([(1, 1.0), (4, 9.0), (8, 1.5), (16, 3.0)])  # (4, 9.0) was measured during a spike
+        [(1, 1.0), (8, 1.5), (16, 3.0)]
+    """
+    hull: list[tuple[int, float]] = []
+    for x, y in points:
+        while len(hull) >= 2 and (hull[-1][0] - hull[-2][0]) * (y - hull[-2][1]) <= \
+                (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0]):
+            hull.pop()
+        hull.append((x, y))
+    return hull
 
 
 # target -> {(device, dtype, batch): CostTable}: measured once, refined by every generate() call; weakly keyed, so the
@@ -108,13 +163,26 @@ class CostAwarePolicy:
     the prompt-lookup continuation of the text so far (transformers' prompt lookup: no drafter forward, so
     seconds(k) = t(verify of k + 1 rows)); a plain step costs t(verify of 1 row). expected tokens(k) = 1 +
     sum_{j<=k} prod_{i<=j} a_i, with a_i the acceptance rate at depth i given every earlier draft was accepted,
-    counted per source as generation goes (the lookup's per matched n-gram size), decaying, from a 1/2 prior. The
-    first cycle with a drafter verifies a full block (it measures the drafter and a wide verify, and the acceptance
-    at every depth); t(1) is measured by the first plain step chosen. When plain steps win, a drafter cycle is still
-    tried now and then (after 4 plain steps, then 8, 16, ... up to 64) so a drafter that improves, or a costlier
-    target, is noticed; the lookup's counts fade every cycle a continuation is offered, so it is retried too.
-    Statistics and the probing schedule carry over to the drafter's next calls. Output never depends on the choice.
+    counted per source as generation goes (the lookup's per matched n-gram size), decaying, from a 1/2 prior.
+
+    Probing keeps every estimate honest, in both directions:
+      - the first cycle with a drafter verifies a full block (the drafter's cost, a wide verify, the acceptance at
+        every depth), the second takes a plain step (t(1) cannot be read off wider verifies);
+      - while drafting wins, a plain step every ``REFRESH`` cycles re-measures t(1) (a machine that got faster would
+        otherwise keep a drafter that no longer pays), and a full block every ``REFRESH`` cycles the far end of the
+        cost curve and the deep acceptance (one slow first sample must not keep long chains out for good);
+      - while plain steps win, a drafter cycle is tried after 4 plain steps, then 8, 16, ... up to 64 (a drafter that
+        improves, or a costlier target, is noticed);
+      - a lookup source not tried lately (its counts fade each cycle it is offered) gets a short optimistic try, so
+        copy-heavy text is found; once tried, its own counts rule.
+    Costs are robust to noise (:class:`CostTable`: the least of the recent samples) and kept with the target they
+    describe; acceptance statistics and the probing schedule carry over to the drafter's next calls. Output never
+    depends on the choice.
     """
+
+    REFRESH = 64  # drafting cycles between two measurements of each end of the cost curve (t(1), a full block)
+    MEMORY = 0.99  # each verification ages the counts of its source by this factor (about the last 100 count)
+    LOOKUP_TRIAL = (0.7, 4)  # a fresh lookup source's optimistic acceptance rate, over this many depths at most
 
     REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
                   "lookup_accepted", "tree_expected", "tree_accepted")
@@ -139,28 +207,28 @@ class CostAwarePolicy:
     def table(self, batch: int, device) -> CostTable:
         return cost_table(self.target, device, batch)
 
-    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
-                      draft_seconds: float | None = None) -> None:
-        """A cycle's measured costs: the target's seconds for a verify of `width` rows (with any re-advance) and the
-        drafter's (None: it did not run)."""
-        table = self.table(batch, device)
-        table.observe_verify(width, target_seconds)
-        if draft_seconds is not None:
-            table.observe_draft(draft_seconds)
-
     def acceptance_rates(self) -> list[float]:
         return _rates(self.accepted, self.reached)
 
     def lookup_rates(self, size: int, length: int) -> list[float]:
         """Acceptance rates by depth of lookup continuations found by an n-gram of `size`, for `length` depths, from
         a sceptical 1/4 prior (most text does not repeat; a drafter that has been right must not lose its cycles to
-        an untried lookup)."""
-        rates = _rates(self.lookup_accepted.get(size, []), self.lookup_reached.get(size, []), prior=0.25)[:length]
+        a lookup). A source not tried lately (less than half an observation left after fading) is rated
+        optimistically over a few depths: one short try tells whether this text copies itself."""
+        reached = self.lookup_reached.get(size, [])
+        if not reached or reached[0] < 0.5:
+            rate, depths = self.LOOKUP_TRIAL
+            return [rate] * min(length, depths)
+        rates = _rates(self.lookup_accepted.get(size, []), reached, prior=0.25)[:length]
         return rates + [0.25] * (length - len(rates))
 
     def observe_acceptance(self, num_drafts: int, accepted: list[int], lookup_size: int = 0) -> None:
         """Count one verification of `num_drafts` drafts per row (`accepted`: accepted drafts per row); from the
-        drafter, or from a prompt lookup whose n-gram of `lookup_size` tokens matched."""
+        drafter, or from a prompt lookup whose n-gram of `lookup_size` tokens matched. A plain step (no drafts)
+        counts nothing and ages nothing: what was learned of a source fades only as that source is observed again,
+        so a weak drafter's record does not drift back to the prior during plain steps and the probing backoff holds."""
+        if num_drafts == 0:
+            return
         if lookup_size:
             reached = self.lookup_reached.setdefault(lookup_size, [])
             hits = self.lookup_accepted.setdefault(lookup_size, [])
@@ -169,8 +237,8 @@ class CostAwarePolicy:
             hits.extend([0.0] * grow)
         else:
             reached, hits = self.reached, self.accepted
-        _decay(reached, 0.97)
-        _decay(hits, 0.97)
+        _decay(reached, self.MEMORY)
+        _decay(hits, self.MEMORY)
         for n in accepted:
             for depth in range(min(n + 1, num_drafts)):
                 reached[depth] += 1.0
@@ -187,9 +255,8 @@ class CostAwarePolicy:
         self._remember()
         if self.cycles == 1 or table.draft is None or max(table.verify, default=0) < width(self.most + 1):
             return self.most, False  # a call starts with a full block: its costs (once) and this drafter's acceptance
-        # A plain step costs at most what the narrowest measured verify did: until one is measured, that bound
-        # favours drafting, so a good drafter is never interrupted just to measure plain decoding.
-        plain = table.verify.get(1, min(table.verify.values()))
+        if table.age(1) is None:
+            return 0, False  # measure a plain step once: one token at plain speed
         drafting = best_draft_count(self.acceptance_rates(), lambda k: table.draft + table.verify_seconds(width(k + 1)))
         choice, speed = (drafting[0], False), drafting[1]
         if lookup_length:
@@ -197,14 +264,27 @@ class CostAwarePolicy:
                                                lambda k: table.verify_seconds(width(k + 1)))
             if lookup_speed > speed:
                 choice, speed = (k, True), lookup_speed
-        if speed > 1.0 / plain:
+        if speed > 1.0 / table.verify_seconds(1):
             self.plain_streak, self.probe_after = 0, 4
+            if table.stale(1, self.REFRESH):
+                return 0, False
+            if table.stale(width(self.most + 1), self.REFRESH) and not choice[1]:
+                return self.most, False  # and a full block now and then: the far end of the cost curve, deep drafts
             return choice
         self.plain_streak += 1
         if self.plain_streak < self.probe_after:
             return 0, False
         self.plain_streak, self.probe_after = 0, min(64, 2 * self.probe_after)
         return drafting[0], False
+
+    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
+                      draft_seconds: float | None = None) -> None:
+        """A cycle's measured costs: the target's seconds for a verify of `width` rows (with any re-advance) and the
+        drafter's (None: it did not run)."""
+        table = self.table(batch, device)
+        table.observe_verify(width, target_seconds)
+        if draft_seconds is not None:
+            table.observe_draft(draft_seconds)
 
     def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
         """Drafts to verify from a best-first tree whose nodes have the drafter's joint path log-probabilities
@@ -246,7 +326,19 @@ def _decay(counts: list[float], factor: float) -> None:
 
 
 def _rates(accepted: list[float], reached: list[float], prior: float = 0.5) -> list[float]:
-    return [(a + 2.0 * prior) / (r + 2.0) for a, r in zip(accepted, reached)]
+    """Acceptance rate by depth: each depth's counts shrunk towards the rate of the depth before it (the first
+    towards `prior`), so a depth rarely reached lately (cycles verified fewer drafts) keeps the rate its neighbours
+    show instead of falling back to an arbitrary prior that would stop longer chains from ever being tried.
+
+    Example:
+        >>> [round(r, 2) for r in _rates([90.0, 0.0], [100.0, 0.0])]
+        [0.89, 0.89]
+    """
+    rates, previous = [], prior
+    for a, r in zip(accepted, reached):
+        previous = (a + 2.0 * previous) / (r + 2.0)
+        rates.append(previous)
+    return rates
 
 
 def best_draft_count(rates: list[float], seconds) -> tuple[int, float]:

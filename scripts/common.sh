@@ -6,6 +6,6 @@ PYTHON="${PYTHON:-python3}"
 HF_DFLASH="${HF_DFLASH:-$PYTHON -m hf_dflash}"
 CACHE="${HF_DFLASH_CACHE:-$HOME/.cache/hf_dflash}"
 TRAIN="$CACHE/train"
-NICE="${NICE:-nice -n 5}"
+NICE="${NICE-nice -n 5}"  # NICE= (empty) runs at normal priority
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export HF_DFLASH_CACHE="$CACHE"

@@ -56,6 +56,38 @@ def full_block_policy(monkeypatch):
 ARCHS = ("qwen3", "llama")
 
 
+@contextlib.contextmanager
+def every_policy_path():
+    """Under the default policy (dflash_policy="cost"), cycle through every path it can take, whatever the costs: its
+    own choice, a plain step, a prompt-lookup chain when one is on offer (batch size 1), a full block. What the
+    policy would choose is tested against costs elsewhere (tests/test_policy*.py); this makes every family and batch
+    shape run each kind of cycle. Where the text offers no lookup continuation, one is made up from its last tokens
+    (usually rejected: what a lookup in text that does not repeat does). Costs are not recorded (no process-wide state
+    changes). Yields the list of (draft count, from lookup) choices made."""
+    from hf_dflash import candidates_dflash
+    from hf_dflash.policy_dflash import CostAwarePolicy
+
+    real_choose, real_lookup, made = CostAwarePolicy.choose, candidates_dflash.prompt_lookup_match, []
+
+    def lookup(history, num_tokens, max_ngram=2, min_ngram=1):
+        found = real_lookup(history, num_tokens, max_ngram, min_ngram)
+        return found if found[0] else (history[-num_tokens:].tolist(), max_ngram)
+
+    def choose(self, batch, device, lookup_length=0, lookup_size=0):
+        real = real_choose(self, batch, device, lookup_length, lookup_size)
+        turn = len(made) % 4
+        choice = {0: real, 1: (0, False), 2: (min(lookup_length, 3), True) if lookup_length else real}.get(
+            turn, (self.most, False))
+        made.append(choice)
+        return choice
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CostAwarePolicy, "choose", choose)
+        patch.setattr(CostAwarePolicy, "observe_costs", lambda self, *args, **kwargs: None)
+        patch.setattr(candidates_dflash, "prompt_lookup_match", lookup)
+        yield made
+
+
 def install_cost_table(monkeypatch, target, table, batch: int = 1) -> None:
     """The cost-aware policy reads `table` for `target` on the CPU at `batch` until the test ends (then the
     process-wide tables are as before: no test sees another's costs)."""

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 from conftest import (
+    every_policy_path,
     ARCHS,
     PAD,
     alone,
@@ -49,14 +50,21 @@ def per_row_scripts(ids: torch.Tensor, continuations: list[list[int]], corrupt: 
         DFlashCandidateGenerator.propose = original
 
 
+@pytest.mark.parametrize("policy", ["full", "cost"])
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_random_drafter_batch_equals_each_prompt_alone(arch, block_size):
+def test_random_drafter_batch_equals_each_prompt_alone(arch, block_size, policy):
+    """Under the full-block policy, and under the default one made to take each of its paths (plain steps among
+    drafter cycles; lookups are a batch-size-1 source)."""
     target = cached_target(arch)
     drafter = make_drafter(target, block_size)
     prompts = [make_prompt(n, seed=10 + n) for n in (3, 11, 7, 1)]
     ids, mask = left_padded(prompts)
-    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=25, pad_token_id=PAD)
+    with every_policy_path() if policy == "cost" else contextlib.nullcontext():
+        out = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=25, pad_token_id=PAD,
+                              dflash_policy=policy)
+    if policy == "cost":
+        assert 0 in drafter.last_stats.drafts_per_cycle and max(drafter.last_stats.drafts_per_cycle) > 0
     for r, prompt in enumerate(prompts):
         assert row_new_tokens(out, ids, r) == alone(target, prompt, max_new_tokens=25)
     assert torch.equal(out, target.generate(ids, attention_mask=mask, max_new_tokens=25, pad_token_id=PAD))

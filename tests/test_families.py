@@ -9,12 +9,13 @@ use_sliding_window) keep only a window of cache slots. Scripted drafters accept 
 every cycle kind (full acceptance, partial acceptance with a rewind, rejection) runs.
 """
 
+import contextlib
 import functools
 
 import pytest
 import torch
 import transformers as T
-from conftest import plain_generate
+from conftest import every_policy_path, plain_generate
 
 import hf_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
@@ -156,20 +157,30 @@ def recurrent_states(output) -> list[torch.Tensor]:
 NEW = 24  # new tokens: with 12-token prompts, generation crosses the 8-token window
 
 
+def repetitive_prompt(length: int, seed: int) -> torch.Tensor:
+    """A prompt that repeats a 4-token phrase: prompt lookup finds continuations in it."""
+    return prompt(4, seed).repeat(1, length // 4 + 1)[:, :length]
+
+
+@pytest.mark.parametrize("policy", ["full", "cost"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_family_is_lossless(family):
+def test_family_is_lossless(family, policy):
     """Per family: greedy batch 1 (drafts accepted fully, partly and not at all), a left-padded batch of two rows of
     different lengths and acceptances (each row also equal to its prompt generated alone), sampling whose target law
     is a point mass (top_k=1: the sampler, its residuals and rewinds must give greedy), and EOS inside a block. The
-    12-token prompts are longer than the 8-token sliding window of the windowed families."""
+    12-token prompts are longer than the 8-token sliding window of the windowed families. Under the full-block policy
+    and under the default one, made to take each of its paths (its own choice, plain steps, lookup chains at batch
+    size 1, full blocks)."""
     target = family_target(family)
     drafter = family_drafter(target)
+    paths = every_policy_path if policy == "cost" else functools.partial(contextlib.nullcontext, [])
+    generate = functools.partial(target.generate, assistant_model=drafter, dflash_policy=policy)
 
-    ids = prompt(12, seed=1)
+    ids = prompt(12, seed=1) if policy == "full" else repetitive_prompt(12, seed=1)
     dict_output = dict(return_dict_in_generate=True, output_logits=True)
     expected = plain_generate(target, ids, max_new_tokens=NEW, **dict_output)
-    with ScriptedRows(expected.sequences, ids.shape[1], corrupt=True):
-        got = target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=False, **dict_output)
+    with ScriptedRows(expected.sequences, ids.shape[1], corrupt=True), paths() as choices:
+        got = generate(ids, max_new_tokens=NEW, do_sample=False, **dict_output)
     assert got.sequences.tolist() == expected.sequences.tolist(), "greedy, batch 1"
     # the logits too: a tiny random target may keep its argmax under a slightly wrong state (e.g. a recurrent state
     # that also read rejected drafts), its logits do not
@@ -177,16 +188,21 @@ def test_family_is_lossless(family):
     # and the recurrent states the target ends with (they hold the same tokens: all but the last)
     for ours, plain in zip(recurrent_states(got), recurrent_states(expected)):
         torch.testing.assert_close(ours, plain, rtol=1e-4, atol=1e-7)
-    lengths = drafter.last_stats.acceptance_lengths
-    assert 1 in lengths and 6 in lengths and len(set(lengths)) > 2, lengths  # rejected, full and partial cycles
+    stats = drafter.last_stats
+    lengths = stats.acceptance_lengths
+    assert 1 in lengths and len(set(lengths)) > 2, lengths  # rejected and partly accepted cycles
+    if policy == "full":
+        assert 6 in lengths, lengths  # and fully accepted ones
+    else:
+        assert 0 in stats.drafts_per_cycle and stats.lookup_cycles > 0, (choices, stats.drafts_per_cycle)
 
     batch, mask = left_padded(prompt(12, seed=2), prompt(7, seed=3))
     expected = plain_generate(target, batch, attention_mask=mask, max_new_tokens=NEW, pad_token_id=0)
-    with ScriptedRows(expected, batch.shape[1], corrupt=True):
-        got = target.generate(batch, attention_mask=mask, assistant_model=drafter, max_new_tokens=NEW,
-                              do_sample=False, pad_token_id=0)
-        sampled = target.generate(batch, attention_mask=mask, assistant_model=drafter, max_new_tokens=NEW,
-                                  do_sample=True, top_k=1, pad_token_id=0)
+    with ScriptedRows(expected, batch.shape[1], corrupt=True), paths():
+        got = generate(batch, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+        sampled = generate(batch, attention_mask=mask, max_new_tokens=NEW, do_sample=True, top_k=1, pad_token_id=0)
+    if policy == "cost":
+        assert 0 in drafter.last_stats.drafts_per_cycle, "plain steps in a batch"
     assert got.tolist() == expected.tolist(), "greedy, left-padded batch"
     assert sampled.tolist() == expected.tolist(), "sampling (point-mass law), left-padded batch"
     alone = plain_generate(target, batch[1:, batch.shape[1] - 7 :], max_new_tokens=NEW)
@@ -195,8 +211,8 @@ def test_family_is_lossless(family):
     free = plain_generate(target, ids, max_new_tokens=NEW)[0, 12:].tolist()
     eos = next((t for i, t in enumerate(free) if i >= 3 and t not in free[:i]), free[1])  # first emitted mid-way
     expected = plain_generate(target, ids, max_new_tokens=NEW, eos_token_id=eos)
-    with ScriptedRows(torch.tensor([ids[0].tolist() + free]), 12, corrupt=False):
-        got = target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
+    with ScriptedRows(torch.tensor([ids[0].tolist() + free]), 12, corrupt=False), paths():
+        got = generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
     assert got.tolist() == expected.tolist() and got[0, -1] == eos, "EOS inside a block"
 
 

@@ -11,6 +11,11 @@ Any other pair works too::
     hf-dflash demo --target Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --device cuda --dtype bfloat16
 
 Exit code 1 when an output with the drafter differs from plain ``generate``.
+
+Each prompt is answered twice each way, interleaved (plain, DFlash, plain, DFlash), and the faster of each pair
+counts: one load spike on a shared machine must not decide the figure a newcomer reads. When drafting does not pay
+on the machine (the default policy then takes plain steps), the summary says so and shows the plain speed instead
+of a ratio within noise of 1.
 """
 
 import statistics
@@ -52,8 +57,16 @@ class Comparison:
         return self.plain.seconds / self.dflash.seconds if self.dflash.seconds > 0 else 0.0
 
 
+REPEATS = 2  # runs per method and prompt, interleaved; the faster counts
+NO_GAIN = 0.95  # below this ratio to plain, the summary says drafting does not pay here (the policy is taking plain steps)
+# What a GPU reaches with a published drafter (quoted, not measured here: BENCHMARKS.md / the DFlash paper).
+GPU_QUOTE = ("quoted, not measured here: Qwen3-8B with z-lab/Qwen3-8B-DFlash-b16 on a B200 GPU reaches 4.9x on "
+             "average (up to 6.1x), tau > 6 (DFlash paper, arXiv 2602.06036)")
+
+
 def compare_on_prompt(target, tokenizer, drafter, prompt: str, max_new_tokens: int = 128) -> Comparison:
-    """Answer ``prompt`` (chat template applied) greedily without and with the drafter.
+    """Answer ``prompt`` (chat template applied) greedily without and with the drafter, ``REPEATS`` times each way
+    (interleaved); the faster run of each way counts.
 
     Example:
         >>> c = compare_on_prompt(target, tokenizer, drafter, "What is the capital of France?", 32)  # doctest: +SKIP
@@ -61,8 +74,11 @@ def compare_on_prompt(target, tokenizer, drafter, prompt: str, max_new_tokens: i
         (True, 'The capital of France is Paris.')
     """
     ids = chat_input_ids(tokenizer, prompt, target.device)
-    plain = timed_generation(target, ids, max_new_tokens, "plain")
-    dflash = timed_generation(target, ids, max_new_tokens, "dflash_default", drafter)
+    runs = {"plain": [], "dflash_default": []}
+    for _ in range(REPEATS):
+        for method, found in runs.items():
+            found.append(timed_generation(target, ids, max_new_tokens, method, drafter))
+    plain, dflash = (min(found, key=lambda run: run.seconds) for found in runs.values())
     text = tokenizer.decode(dflash.new_tokens, skip_special_tokens=True)
     return Comparison(prompt, text, plain, dflash)
 
@@ -83,7 +99,8 @@ def run_demo(target, tokenizer, drafter, prompts=DEFAULT_PROMPTS, max_new_tokens
         print(f"\n[{i}/{len(prompts)}] {prompt}\n{c.text.strip()}")
         print(
             f"  -> {len(c.dflash.new_tokens)} tokens | plain {c.plain.tokens_per_second:.1f} tok/s | "
-            f"dflash {c.dflash.tokens_per_second:.1f} tok/s | tau {c.tau:.2f} | speedup {c.speedup:.2f}x | "
+            f"dflash {c.dflash.tokens_per_second:.1f} tok/s | tau {c.tau:.2f} | "
+            f"{f'speedup {c.speedup:.2f}x' if c.speedup >= NO_GAIN else 'no speedup'} | "
             f"identical: {'yes' if c.identical else 'NO'}"
         )
         if not c.identical:
@@ -93,7 +110,9 @@ def run_demo(target, tokenizer, drafter, prompts=DEFAULT_PROMPTS, max_new_tokens
 
 
 def summary_line(comparisons: list[Comparison]) -> str:
-    """One line: pooled tau and tokens/s, median speedup, whether every output was identical."""
+    """What a newcomer needs in one screen: whether every output was identical, tau, plain and DFlash tokens/s and
+    their ratio (or, when drafting does not pay on this machine, that it does not, with the plain speed), and what a
+    GPU with a published drafter reaches (quoted)."""
     lengths = [a for c in comparisons for a in c.dflash.stats.acceptance_lengths]
     tau = sum(lengths) / max(1, len(lengths))
     tokens = sum(len(c.plain.new_tokens) for c in comparisons)  # same for both when outputs are identical
@@ -102,7 +121,14 @@ def summary_line(comparisons: list[Comparison]) -> str:
     dflash_tps = sum(len(c.dflash.new_tokens) for c in comparisons) / max(1e-12, dflash_seconds)
     speedup = statistics.median(c.speedup for c in comparisons)
     identical = all(c.identical for c in comparisons)
+    if speedup >= NO_GAIN:
+        figures = (f"speedup {speedup:.2f}x (median over {len(comparisons)} prompts) | plain {plain_tps:.1f} tok/s | "
+                   f"dflash {dflash_tps:.1f} tok/s")
+    else:
+        figures = (f"no speedup on this machine: at tau {tau:.2f} a verify costs what the accepted drafts save, so "
+                   f"the default policy decodes plainly ({plain_tps:.1f} tok/s plain, {dflash_tps:.1f} tok/s with the "
+                   "drafter)")
     return (
-        f"tau {tau:.2f} | plain {plain_tps:.1f} tok/s | dflash {dflash_tps:.1f} tok/s | speedup {speedup:.2f}x "
-        f"(median over {len(comparisons)} prompts) | outputs identical: {'yes' if identical else 'NO'}"
+        f"outputs identical: {'yes' if identical else 'NO'} | tau {tau:.2f} | {figures}\n"
+        f"on a GPU ({GPU_QUOTE})"
     )

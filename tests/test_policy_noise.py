@@ -1,0 +1,128 @@
+"""The cost-aware policy under timing noise: a deterministic simulation, in simulated seconds, never wall time.
+
+A fake machine gives every forward a true cost (a verify of w rows: t1 + per_row * (w - 1); a drafter forward:
+`draft`), scaled by a noise profile of simulated time: load spikes, a slow drift, a machine that gets 2x slower or
+faster mid-run, a first plain-step sample 5x too slow, a stale table left by an earlier call on a loaded machine. A
+fake drafter accepts each draft at a fixed rate (weak, medium, oracle). The policy sees only the measured, noisy
+seconds, as in generate(); its tokens per simulated second are compared with the best fixed choice in hindsight:
+the same machine and noise with k drafts every cycle, for every k (k = 0: plain decoding).
+"""
+
+import collections
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from hf_dflash.policy_dflash import CostAwarePolicy, gemm_friendly_rows
+
+
+CPU = torch.device("cpu")
+MOST = 15
+TOKENS = 3000
+
+
+class FakeTarget:
+    """What the policy reads of a target: a dtype, and an identity its cost tables are kept with."""
+
+    dtype = torch.float32
+
+
+@dataclass
+class Machine:
+    t1: float = 0.010  # a plain step
+    per_row: float = 0.0008  # a verify of 16 rows costs 2.2 x t(1), as SmolLM2 on one CPU thread
+    draft: float = 0.004
+
+    def verify(self, width: int) -> float:
+        return self.t1 + self.per_row * (width - 1)
+
+
+PLAIN_SECONDS = TOKENS * Machine().t1  # how long plain decoding takes on the quiet machine
+
+
+def noise_profiles():
+    """name -> factor(now, width, samples of that width so far): the machine's slowdown at simulated time `now`."""
+    third = PLAIN_SECONDS / 3
+    return {
+        "quiet": lambda now, width, n: 1.0,
+        "spikes": lambda now, width, n: 4.0 if int(now * 50) % 23 == 0 else 1.0,  # 4x slow ~4% of the time
+        "first_plain_sample_5x": lambda now, width, n: 5.0 if width == 1 and n == 0 else 1.0,
+        "drift": lambda now, width, n: 1.0 + now / PLAIN_SECONDS,  # 2x slower by the end of a plain run
+        "gets_slower": lambda now, width, n: 1.0 if now < third else 2.0,
+        "gets_faster": lambda now, width, n: 2.0 if now < third else 1.0,
+    }
+
+
+DRAFTERS = {"weak": 0.1, "medium": 0.55, "oracle": 0.97}  # acceptance rate at every depth
+
+
+def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machine = Machine()) -> float:
+    """Tokens per simulated second of `choose()` -> k drafts per cycle until TOKENS tokens are committed."""
+    rng, now, tokens, samples = random.Random(seed), 0.0, 0, collections.Counter()
+    while tokens < TOKENS:
+        k = choose()
+        width = gemm_friendly_rows(k + 1, CPU)
+        verify = machine.verify(width) * noise(now, width, samples[width])
+        samples[width] += 1
+        draft = machine.draft * noise(now, 0, 0) if k else None
+        accepted = 0
+        while accepted < k and rng.random() < rate:
+            accepted += 1
+        now += verify + (draft or 0.0)
+        tokens += accepted + 1
+        observe(k, width, verify, draft, accepted)
+    return tokens / now
+
+
+def policy_speed(noise, rate: float, target=None, seed: int = 0, machine: Machine = Machine()) -> float:
+    policy = CostAwarePolicy(target if target is not None else FakeTarget(), MOST)
+
+    def observe(k, width, verify, draft, accepted):  # what generate() feeds it after each cycle
+        policy.observe_costs(1, CPU, width, verify, draft)
+        policy.observe_acceptance(k, [accepted])
+
+    return simulate(lambda: policy.choose(1, CPU)[0], observe, noise, rate, seed, machine)
+
+
+def fixed_speeds(noise, rate: float, seed: int = 0, machine: Machine = Machine()) -> list[float]:
+    return [simulate(lambda: k, lambda *_: None, noise, rate, seed, machine) for k in range(MOST + 1)]
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("profile", noise_profiles())
+def test_policy_keeps_up_with_the_best_fixed_choice_under_noise(profile, drafter):
+    noise, rate = noise_profiles()[profile], DRAFTERS[drafter]
+    fixed = fixed_speeds(noise, rate)
+    speed = policy_speed(noise, rate)
+    best = max(range(MOST + 1), key=fixed.__getitem__)
+    assert speed >= 0.95 * fixed[best], f"{speed:.1f} tok/s vs {fixed[best]:.1f} with k={best} every cycle"
+    if drafter == "weak":
+        assert speed >= 0.95 * fixed[0], f"{speed:.1f} tok/s vs plain {fixed[0]:.1f}"
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_a_stale_table_from_a_loaded_machine_does_not_stick(drafter):
+    """An earlier call measured everything 3x slower (another job was running); this call runs on a quiet machine
+    with the same target, so it starts from that table."""
+    target, rate = FakeTarget(), DRAFTERS[drafter]
+    policy_speed(lambda now, width, n: 3.0 if width == 1 else 1.0, rate, target=target)  # t(1) inflated only
+    quiet = noise_profiles()["quiet"]
+    fixed = fixed_speeds(quiet, rate)
+    assert policy_speed(quiet, rate, target=target, seed=1) >= 0.95 * max(fixed)
+
+
+def test_the_harness_catches_a_policy_locked_by_one_bad_sample(monkeypatch):
+    """Negative control: with the previous estimator (an average that one 5x plain-step sample dominates, never
+    re-measured while drafting) the weak drafter's bound fails."""
+    from hf_dflash import policy_dflash
+
+    def averaged(self):  # every sample ever seen, averaged: one spike moves it for good
+        return {w: sum(s) / len(s) for w, s in sorted(self.verify_samples.items())}
+
+    monkeypatch.setattr(policy_dflash.CostTable, "WINDOW", 10_000)
+    monkeypatch.setattr(policy_dflash.CostTable, "verify", property(averaged))
+    monkeypatch.setattr(policy_dflash.CostAwarePolicy, "REFRESH", 10**9)
+    noise, rate = noise_profiles()["first_plain_sample_5x"], DRAFTERS["weak"]
+    assert policy_speed(noise, rate) < 0.95 * fixed_speeds(noise, rate)[0]
