@@ -62,27 +62,16 @@ __all__ = ["DFlashCandidateGenerator", "DFlashStats", "builtin_generation", "che
 # ----------------------------------------------------------------------------------------------------------------------
 # the decoding loop
 @torch.no_grad()
-def dflash_decoding(
-    target,
-    input_ids: torch.LongTensor,
-    logits_processor,
-    stopping_criteria,
-    generation_config,
-    synced_gpus: bool = False,
-    streamer=None,
-    assistant_model=None,
-    **model_kwargs,
-):
-    """Speculative decoding with a DFlash drafter; ``generate`` calls it in place of ``_assisted_decoding``.
-
-    Works on a left-padded batch: every row keeps all the drafts the target accepts for it (see :class:`Rows`).
-    The numbered steps are the module docstring's.
-    """
+def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
+                    synced_gpus: bool = False, streamer=None, assistant_model=None, **model_kwargs):
+    """Speculative decoding with a DFlash drafter; ``generate`` calls it in place of ``_assisted_decoding``. Works on
+    a left-padded batch: every row keeps all the drafts the target accepts for it (see :class:`Rows`). The numbered
+    steps are the module docstring's."""
     drafter, config, device = assistant_model, generation_config, input_ids.device
     options = _call_options.get() or resolve_call_options(config)
     start_time = time.perf_counter()
-    stats = DFlashStats(drafter.config.block_size, row_acceptance_lengths=[[] for _ in range(len(input_ids))])
-    drafter.last_stats = stats
+    stats = drafter.last_stats = DFlashStats(drafter.config.block_size,
+                                             row_acceptance_lengths=[[] for _ in input_ids])
     recorder, do_sample = OutputRecorder(config), bool(config.do_sample)
     cache = empty_target_cache(target, model_kwargs)
     forward_kwargs = target_forward_kwargs(target, drafter, cache, config)
