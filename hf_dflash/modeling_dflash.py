@@ -11,6 +11,7 @@ the target's hidden states at ``target_layer_ids`` ("KV injection") and to the b
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,8 +32,15 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import logging
 
 from .cache_dflash import cache_argument
+from .checkpoint_dflash import local_or_cached_config, check_serving_layout, hub_id_of, saved_weight_names
 from .checks_dflash import check_drafter_matches_target
-from .configuration_dflash import DFlashConfig, default_target_layer_ids, validate_architecture
+from .configuration_dflash import (
+    DFlashConfig,
+    target_attribute,
+    default_target_layer_ids,
+    drafter_rope_parameters,
+    validate_architecture,
+)
 # Imported for its effect: loading the drafter (remote code included) routes generate(assistant_model=drafter) to the
 # DFlash loop (tests/test_checkpoint.py runs a saved drafter where hf_dflash is not importable)
 from .generation_dflash import enable_dflash_generation  # noqa: F401
@@ -141,6 +149,9 @@ class DFlashPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    # Checkpoints with a draft vocabulary saved before the draft head was have no lm_head.weight (from_pretrained
+    # then drops the head: the target's rows are gathered at generate time)
+    _keys_to_ignore_on_load_missing = [r"^lm_head\.weight$"]
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -186,8 +197,12 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config=config)
-        if config.draft_vocab_size:  # EAGLE-3's layout: draft index i is target token i + d2t[i]
+        # A draft vocabulary in EAGLE-3's layout, the one vLLM reads: draft index i is target token i + d2t[i], scored
+        # by the drafter's own `lm_head` (the target's rows for those tokens; see set_draft_vocabulary)
+        self.lm_head = None
+        if config.draft_vocab_size:
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.lm_head = frozen_head(config.hidden_size, config.draft_vocab_size)
         self.gradient_checkpointing = False
         self.last_stats = None  # filled by every generate() call that uses this drafter
         self.post_init()
@@ -200,27 +215,59 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             return None
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
 
-    def set_draft_vocabulary(self, token_ids: torch.Tensor | list[int] | None) -> None:
+    def set_draft_vocabulary(
+        self, token_ids: torch.Tensor | list[int] | None, lm_head: nn.Module | torch.Tensor | None = None
+    ) -> None:
         """Draft among `token_ids` only (e.g. the most frequent tokens of the training responses), or among the whole
         vocabulary again (None). Lossless either way: the target still verifies every draft; tokens outside the set
-        are simply never proposed. Saved with the checkpoint (``draft_vocab_size`` + a ``d2t`` buffer).
+        are simply never proposed.
+
+        Saved in EAGLE-3's layout, the one vLLM's DFlash loader reads: ``draft_vocab_size`` in the config, a ``d2t``
+        buffer (draft index i is target token ``i + d2t[i]``) and the drafter's own ``lm_head.weight``: the rows of
+        the target's LM head for those tokens, gathered here from `lm_head` (the target's output embeddings or their
+        weight). Without them the drafter still generates here (the target's rows are read at generate time), but
+        `save_pretrained` refuses to write it: vLLM would score drafts with the wrong rows and accept nothing.
 
         Example:
-            >>> drafter.set_draft_vocabulary(frequent_ids)  # doctest: +SKIP
-            >>> drafter.save_pretrained("my-drafter")       # config.draft_vocab_size, d2t in the weights  # doctest: +SKIP
+            >>> drafter.set_draft_vocabulary(frequent_ids, lm_head=target.get_output_embeddings())  # doctest: +SKIP
+            >>> drafter.save_pretrained("my-drafter")  # draft_vocab_size; d2t and lm_head.weight  # doctest: +SKIP
         """
         if token_ids is None:
             self.config.draft_vocab_size = None
             self._buffers.pop("d2t", None)
+            self.lm_head = None
             return
         ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique(sorted=True)
         vocab = self.config.vocab_size
         if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= vocab:
             raise ValueError(f"A draft vocabulary needs token ids in [0, {vocab}) (the target's vocab_size); got "
                              f"{len(ids)} ids" + (f" from {int(ids[0])} to {int(ids[-1])}." if len(ids) else "."))
+        if len(ids) == vocab:  # every token: the whole vocabulary (vLLM has no d2t slot when the sizes are equal)
+            return self.set_draft_vocabulary(None)
+        reference = self.norm.weight
+        head = None if lm_head is None else self._draft_head_from(lm_head, ids.to(_weight_of(lm_head).device))
         self.config.draft_vocab_size = len(ids)
-        device = self.fc.weight.device if self.fc is not None else self.norm.weight.device
-        self.register_buffer("d2t", (ids - torch.arange(len(ids))).to(device))
+        self.register_buffer("d2t", (ids - torch.arange(len(ids))).to(reference.device))
+        self.lm_head = head.to(device=reference.device, dtype=reference.dtype) if head is not None else None
+
+    def _draft_head_from(self, lm_head: nn.Module | torch.Tensor, ids: torch.Tensor) -> nn.Linear:
+        """A frozen `nn.Linear` holding the rows `ids` of the target LM head `lm_head`."""
+        weight = _weight_of(lm_head)
+        hidden = self.config.hidden_size
+        if weight.dim() != 2 or weight.shape[1] != hidden or weight.shape[0] < self.config.vocab_size:
+            raise ValueError(
+                f"lm_head must be the target's LM head, [vocab_size={self.config.vocab_size}, hidden_size={hidden}]; "
+                f"got weight {tuple(weight.shape)}. Pass target.get_output_embeddings()."
+            )
+        if getattr(lm_head, "bias", None) is not None:
+            raise ValueError(
+                "The target's LM head has a bias, which the saved draft head cannot carry (vLLM's draft lm_head has "
+                "none): draft among the whole vocabulary instead, drafter.set_draft_vocabulary(None)."
+            )
+        head = frozen_head(hidden, len(ids), device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            head.weight.copy_(weight[ids])
+        return head
 
     # ----------------------------------------------------------------------------------------------------------------
     # forward
@@ -323,6 +370,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         block_size: int = 16,
         target_layer_ids: list[int] | None = None,
         mask_token_id: int | None = None,
+        target_hub_id: str | None = None,
         **config_overrides,
     ) -> "DFlashDraftModel":
         """A freshly initialised drafter sized for `target`.
@@ -330,10 +378,12 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         Copies hidden size, heads, head dim, MLP width, RoPE, vocab and bos/eos/pad ids from the target. Layer ids
         default to the z-lab rule (one feature per drafter layer). Without `mask_token_id`, the last row of the
         target's embedding table is used (Qwen3 and many others pad their table, so it is an untrained row) and
-        recorded in the config.
+        recorded in the config. The config names the target by `target_hub_id`, else by the Hub id it was loaded
+        from (never by a local folder: see :func:`hub_id_of`).
 
         Example:
             >>> drafter = DFlashDraftModel.from_target(target, num_hidden_layers=2, block_size=8)  # doctest: +SKIP
+            >>> drafter = DFlashDraftModel.from_target(local_target, target_hub_id="Qwen/Qwen3-8B")  # doctest: +SKIP
         """
         text = target.config.get_text_config()
         num_target_layers = text.num_hidden_layers
@@ -345,13 +395,13 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         if mask_token_id is None:
             mask_token_id = embedding_rows - 1
             logger.info(f"Using token id {mask_token_id} (last embedding row) as the DFlash mask token.")
-        heads = _target_attribute(text, "num_attention_heads")
+        heads = target_attribute(text, "num_attention_heads")
         fields = dict(
             hidden_size=text.hidden_size,
-            intermediate_size=_target_attribute(text, "intermediate_size"),
+            intermediate_size=target_attribute(text, "intermediate_size"),
             num_attention_heads=heads,
-            num_key_value_heads=_target_attribute(text, "num_key_value_heads") or heads,
-            head_dim=_target_attribute(text, "head_dim") or text.hidden_size // heads,
+            num_key_value_heads=target_attribute(text, "num_key_value_heads") or heads,
+            head_dim=target_attribute(text, "head_dim") or text.hidden_size // heads,
             hidden_act=getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu",
             rms_norm_eps=getattr(text, "rms_norm_eps", None) or 1e-6,
             rope_parameters=drafter_rope_parameters(text),
@@ -367,7 +417,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             mask_token_id=int(mask_token_id),
             num_target_layers=num_target_layers,
             dtype=str(target.dtype).removeprefix("torch."),
-            target_name_or_path=getattr(target, "name_or_path", None) or None,
+            target_name_or_path=target_hub_id or hub_id_of(getattr(target, "name_or_path", None)),
         )
         fields.update(config_overrides)
         config = DFlashConfig(**fields)
@@ -383,7 +433,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             >>> drafter = DFlashDraftModel.from_pretrained("z-lab/Qwen3-8B-DFlash-b16")  # doctest: +SKIP
         """
         if kwargs.get("config") is None:
-            config_file = _local_or_cached_config(pretrained_model_name_or_path, kwargs)
+            config_file = local_or_cached_config(pretrained_model_name_or_path, kwargs)
             if config_file is not None:
                 with open(config_file, encoding="utf-8") as f:
                     validate_architecture(json.load(f))
@@ -398,6 +448,15 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 f"config.json ({error}). Re-save the drafter with save_pretrained, or fix config.json."
             ) from error
         missing = sorted(k for k in info["missing_keys"] if not k.startswith("rotary_emb"))
+        if model.lm_head is not None and "lm_head.weight" not in (saved_weight_names(
+                pretrained_model_name_or_path, kwargs) or ()):
+            # A draft vocabulary saved before the draft head was (d2t only; or weights we cannot list): it drafts
+            # from the target's rows gathered at generate time; save_pretrained asks for them before writing it again
+            model.lm_head = None
+            logger.info(f"{pretrained_model_name_or_path!s} has a draft vocabulary but no draft lm_head: it drafts "
+                        "with the target's rows here; vLLM cannot serve it until it is re-saved with them.")
+        elif model.lm_head is not None:
+            model.lm_head.requires_grad_(False)  # the target's rows: frozen like the target's head
         if missing:
             raise ValueError(
                 f"Broken DFlash checkpoint {pretrained_model_name_or_path!s}: weights missing for {missing[:8]}"
@@ -414,6 +473,18 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             >>> drafter.save_pretrained("my-drafter")  # doctest: +SKIP
             >>> drafter.push_to_hub("me/my-drafter")  # same files, uploaded  # doctest: +SKIP
         """
+        check_serving_layout(self.config, None if self.lm_head is None else self.lm_head.weight.shape[0])
+        # Config fields name the target by its Hub id, never a folder of the machine that saved it (training runs
+        # record the id in training_info when the config holds a local path)
+        hub_id = hub_id_of(self.config.target_name_or_path) or hub_id_of(
+            (getattr(self, "training_info", None) or {}).get("target")
+        )
+        if self.config.target_name_or_path and hub_id is None:
+            logger.warning_once(
+                f"target_name_or_path={self.config.target_name_or_path!r} is a local path, not a Hub id: it is left "
+                "out of config.json. Name the target: drafter.config.target_name_or_path = 'org/name'."
+            )
+        self.config.target_name_or_path = hub_id
         super().save_pretrained(save_directory, *args, **kwargs)
         template = Path(__file__).with_name("MODEL_CARD.md")  # ships with the installed package only
         if template.exists() and kwargs.get("is_main_process", True):
@@ -467,6 +538,17 @@ def target_features(hidden_states, layer_ids) -> torch.Tensor:
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
+def frozen_head(hidden_size: int, rows: int, device=None, dtype=None) -> nn.Linear:
+    """The draft LM head: `rows` rows of the target's LM head, copied, never trained (the target's head is frozen)."""
+    head = nn.Linear(hidden_size, rows, bias=False, device=device, dtype=dtype)
+    head.requires_grad_(False)
+    return head
+
+
+def _weight_of(lm_head: nn.Module | torch.Tensor) -> torch.Tensor:
+    return lm_head if isinstance(lm_head, torch.Tensor) else lm_head.weight
+
+
 def sliding_window_mask(padding_mask, batch: int, q_len: int, kv_len: int, window: int, device) -> torch.Tensor:
     """Boolean [b, 1, q_len, kv_len]: real keys whose position is within `window` of the query's (q - k < window).
 
@@ -493,52 +575,6 @@ def expand_padding_mask(attention_mask, q_len: int):
     if bool(attention_mask.all()):
         return None
     return attention_mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
-
-
-# RoPE types the drafter's rotary embedding (and the readers of the z-lab layout) take from a target as they are.
-PORTABLE_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
-
-
-def drafter_rope_parameters(text_config) -> dict:
-    """The target's RoPE for the drafter: per-layer-type parameters (Gemma 3/4, gpt-oss style
-    ``{"full_attention": {...}, "sliding_attention": {...}}``) give the full-attention entry, since drafter layers
-    read the whole context; a RoPE type of one architecture only (e.g. Gemma 4's "proportional") keeps its theta
-    with the default rotation."""
-    rope = dict(getattr(text_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
-    if "rope_type" not in rope and rope and all(isinstance(v, dict) for v in rope.values()):
-        rope = dict(rope.get("full_attention") or next(iter(rope.values())))
-    if rope.get("rope_type", "default") not in PORTABLE_ROPE_TYPES:
-        rope = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
-    return rope
-
-
-def _target_attribute(text_config, name: str):
-    """A config attribute that some architectures define per layer (Gemma 4: `head_dim` of sliding vs full layers):
-    the global value, else the first layer's."""
-    try:
-        return getattr(text_config, name, None)
-    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError
-        return getattr(text_config.per_layer_config[0], name, None)
-
-
-def _local_or_cached_config(name_or_path, kwargs) -> str | None:
-    """Path of config.json in a local folder or the HF cache, without network access."""
-    if os.path.isdir(str(name_or_path)):
-        path = os.path.join(str(name_or_path), kwargs.get("subfolder", "") or "", "config.json")
-        return path if os.path.isfile(path) else None
-    try:
-        from huggingface_hub import hf_hub_download
-
-        return hf_hub_download(
-            str(name_or_path),
-            "config.json",
-            revision=kwargs.get("revision"),
-            cache_dir=kwargs.get("cache_dir"),
-            token=kwargs.get("token"),
-            local_files_only=kwargs.get("local_files_only", False),
-        )
-    except Exception:  # the real loading below reports missing repos/files with HF's own messages
-        return None
 
 
 DFlashDraftModel.register_for_auto_class("AutoModel")

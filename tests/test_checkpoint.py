@@ -270,11 +270,12 @@ def test_draft_vocabulary_round_trips_and_is_absent_from_the_zlab_layout(saved, 
     assert "draft_vocab_size" not in json.loads((root / "drafter" / "config.json").read_text())
     assert "d2t" not in load_file(root / "drafter" / "model.safetensors")
     restricted = DFlashDraftModel.from_pretrained(root / "drafter").eval()
-    restricted.set_draft_vocabulary(DRAFT_IDS)
+    restricted.set_draft_vocabulary(DRAFT_IDS, lm_head=target.get_output_embeddings())
     restricted.save_pretrained(tmp_path / "restricted")
     assert json.loads((tmp_path / "restricted" / "config.json").read_text())["draft_vocab_size"] == len(DRAFT_IDS)
     weights = load_file(tmp_path / "restricted" / "model.safetensors")
     assert (torch.arange(len(DRAFT_IDS)) + weights["d2t"]).tolist() == DRAFT_IDS  # EAGLE-3: i + d2t[i]
+    assert torch.equal(weights["lm_head.weight"], target.lm_head.weight[DRAFT_IDS])  # and its own head rows
     loaded = DFlashDraftModel.from_pretrained(tmp_path / "restricted")
     assert loaded.draft_token_ids().tolist() == DRAFT_IDS
     loaded.set_draft_vocabulary(None)

@@ -13,6 +13,8 @@ from typing import Any
 
 from transformers.utils import logging
 
+from ..checkpoint_dflash import hub_id_of
+
 logger = logging.get_logger(__name__)
 
 GAMMA_SCHEDULES = ("constant", "per-epoch", "linear")
@@ -41,7 +43,7 @@ DEFAULTS_BEFORE = {"position_weighting": "fixed"}
 NON_DEFINING_FIELDS = frozenset({
     "output_dir", "resume", "save_every", "save_total_limit", "eval_prompts", "num_eval_prompts",
     "eval_max_new_tokens", "feature_cache", "attn_implementation", "logging_steps", "push_to_hub",
-    "max_eval_samples", "target_device_map", "eval_every", "max_cpu_seconds", "draft_vocab_size",
+    "max_eval_samples", "target_device_map", "eval_every", "max_cpu_seconds", "draft_vocab_size", "target_hub_id",
 })
 
 
@@ -152,6 +154,10 @@ class DFlashTrainingArguments:
         "help": "Initialise the drafter layers and final norm from the target's last layers where names and shapes "
                 "match (instead of random)."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Hub repo id to upload the final drafter to."})
+    target_hub_id: str | None = field(default=None, metadata={
+        "help": "The target's Hub id (org/name), named in the drafter's config and model card when --target is a "
+                "local folder (default: --target when it is a Hub id; HuggingFaceTB/SmolLM2-135M-Instruct for "
+                "smollm2). Config files never name a local folder."})
 
     @property
     def drafter_switches(self) -> dict[str, bool]:
@@ -214,6 +220,9 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
         path = getattr(args, name)
         if path is not None and not Path(path).exists():
             raise ValueError(f"--{name.replace('_', '-')} {path!r} does not exist.")
+    if args.target_hub_id and hub_id_of(args.target_hub_id) != args.target_hub_id:
+        raise ValueError(f"--target-hub-id {args.target_hub_id!r} is not a Hub id: pass the target's repository "
+                         "on the Hub, e.g. --target-hub-id Qwen/Qwen3-8B.")
     if args.eval_data and not args.eval_split:
         raise ValueError(f"--eval-data {args.eval_data!r} needs --eval-split > 0 (the share of it held out).")
 

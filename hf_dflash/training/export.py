@@ -56,13 +56,13 @@ def push_folder_to_hub(folder: str, repo_id: str) -> None:
 def inference_drafter(config, state_dict: dict[str, torch.Tensor], target,
                       draft_vocab: torch.Tensor | None = None) -> DFlashDraftModel:
     """A drafter ready for inference from the full (gathered) weights: the target's dtype and device, sdpa
-    attention, eval mode, restricted to `draft_vocab` when given. Built afresh because a sharded (FSDP) model cannot
-    simply be copied."""
+    attention, eval mode, restricted to `draft_vocab` when given (with the target's LM head rows for those tokens as
+    its draft head: the layout vLLM serves). Built afresh because a sharded (FSDP) model cannot simply be copied."""
     drafter = DFlashDraftModel(copy.deepcopy(config))
     drafter.load_state_dict(state_dict, strict=True)
     drafter.config._attn_implementation = "sdpa"  # training may have used flex masks; inference passes none
     if draft_vocab is not None:
-        drafter.set_draft_vocabulary(draft_vocab)
+        drafter.set_draft_vocabulary(draft_vocab, lm_head=target.get_output_embeddings())
     device = target.get_input_embeddings().weight.device
     return drafter.to(device=device, dtype=target.dtype).eval()
 
@@ -111,7 +111,7 @@ def training_info(args: DFlashTrainingArguments, num_samples: int, results: dict
     """What training_info.json (and the model card) say about the run, from its arguments and final `results`."""
     heldout = results["heldout"]
     info = {
-        "target": target_display_name(args.target),
+        "target": args.target_hub_id or target_display_name(args.target),  # the config's name (save_pretrained)
         "dataset": args.data,
         "init_drafter": args.init_drafter,
         "num_samples": num_samples,
