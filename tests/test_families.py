@@ -14,72 +14,10 @@ import functools
 
 import pytest
 import torch
-import transformers as T
-from conftest import every_policy_path, plain_generate
+from conftest import FAMILIES, VOCAB, WINDOW, every_policy_path, family_target, plain_generate
 
 import hf_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-
-
-VOCAB, WINDOW = 96, 8
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
-              pad_token_id=None, tie_word_embeddings=False)
-HYBRID = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
-LINEAR_HEADS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8)
-
-# family -> (model class, config class, config fields); what README's support matrix lists
-FAMILIES = {
-    "llama": (T.LlamaForCausalLM, T.LlamaConfig, {}),
-    "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config, {}),
-    "qwen2 (use_sliding_window)": (T.Qwen2ForCausalLM, T.Qwen2Config,
-                                   dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
-    "qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config, {}),
-    "qwen3 (use_sliding_window)": (T.Qwen3ForCausalLM, T.Qwen3Config,
-                                   dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
-    "qwen3_moe": (T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig, dict(num_experts=4, num_experts_per_tok=2,
-                                                                 moe_intermediate_size=32)),
-    "qwen3_5": (T.Qwen3_5ForCausalLM, T.Qwen3_5TextConfig, dict(layer_types=HYBRID, **LINEAR_HEADS)),
-    "qwen3_5_moe": (T.Qwen3_5MoeForCausalLM, T.Qwen3_5MoeTextConfig,
-                    dict(layer_types=HYBRID, **LINEAR_HEADS, **MOE, shared_expert_intermediate_size=32)),
-    "qwen3_next": (T.Qwen3NextForCausalLM, T.Qwen3NextConfig,
-                   dict(layer_types=HYBRID, **LINEAR_HEADS, **MOE, shared_expert_intermediate_size=32)),
-    "mistral": (T.MistralForCausalLM, T.MistralConfig, dict(sliding_window=WINDOW)),
-    "gemma": (T.GemmaForCausalLM, T.GemmaConfig, {}),
-    "gemma2": (T.Gemma2ForCausalLM, T.Gemma2Config, dict(sliding_window=WINDOW, final_logit_softcapping=30.0)),
-    "gemma3": (T.Gemma3ForCausalLM, T.Gemma3TextConfig,
-               dict(sliding_window=WINDOW, layer_types=["sliding_attention"] * 3 + ["full_attention"],
-                    final_logit_softcapping=30.0)),
-    "gemma4": (T.Gemma4ForCausalLM, T.Gemma4TextConfig, dict(sliding_window=WINDOW)),
-    "gpt_oss": (T.GptOssForCausalLM, T.GptOssConfig, dict(sliding_window=WINDOW, num_local_experts=4,
-                                                          num_experts_per_tok=2)),
-    "phi3": (T.Phi3ForCausalLM, T.Phi3Config, {}),
-    "olmo2": (T.Olmo2ForCausalLM, T.Olmo2Config, {}),
-    "glm4_moe": (T.Glm4MoeForCausalLM, T.Glm4MoeConfig, dict(n_routed_experts=4, num_experts_per_tok=2,
-                                                             moe_intermediate_size=32, first_k_dense_replace=1)),
-    "deepseek_v3": (T.DeepseekV3ForCausalLM, T.DeepseekV3Config,
-                    dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
-                         q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                         n_group=1, topk_group=1, head_dim=8, num_key_value_heads=4)),
-    "minimax_m2": (T.MiniMaxM2ForCausalLM, T.MiniMaxM2Config, dict(num_local_experts=4, num_experts_per_tok=2)),
-    "seed_oss": (T.SeedOssForCausalLM, T.SeedOssConfig, {}),
-    "falcon_h1": (T.FalconH1ForCausalLM, T.FalconH1Config, dict(mamba_d_ssm=128, mamba_chunk_size=16, **MAMBA)),
-    "granitemoehybrid": (T.GraniteMoeHybridForCausalLM, T.GraniteMoeHybridConfig,
-                         dict(layer_types=["linear_attention", "attention"] * 2, num_local_experts=2,
-                              num_experts_per_tok=1, **MAMBA)),
-    "lfm2": (T.Lfm2ForCausalLM, T.Lfm2Config, dict(layer_types=["conv", "full_attention"] * 2)),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def family_target(family: str):
-    model_class, config_class, fields = FAMILIES[family]
-    torch.manual_seed(0)
-    model = model_class(config_class(**{**COMMON, **fields})).float().eval()
-    model.requires_grad_(False)
-    return model
 
 
 def family_drafter(target):

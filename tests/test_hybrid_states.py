@@ -11,8 +11,7 @@ rejected drafts; comparing the states themselves, after each commit, does not.
 
 import pytest
 import torch
-import transformers as T
-from conftest import VOCAB, make_prompt, new_tokens, plain_generate, scripted_drafts
+from conftest import VOCAB, family_target, make_prompt, new_tokens, plain_generate, scripted_drafts
 from transformers.cache_utils import DynamicCache
 
 import hf_dflash
@@ -20,33 +19,8 @@ from hf_dflash import generation_dflash
 from hf_dflash.cache_dflash import LINEAR_ATTENTION_LAYERS, cache_argument
 from hf_dflash.rows_dflash import Rows
 
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
-              pad_token_id=None, tie_word_embeddings=False)
-GATED_DELTANET = dict(layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
-                      linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
-MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8)
-# family -> (model class, config class, config fields): the hybrid families of tests/test_families.py
-HYBRIDS = {
-    "qwen3_5": (T.Qwen3_5ForCausalLM, T.Qwen3_5TextConfig, GATED_DELTANET),
-    "qwen3_next": (T.Qwen3NextForCausalLM, T.Qwen3NextConfig,
-                   dict(**GATED_DELTANET, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                        shared_expert_intermediate_size=32)),
-    "falcon_h1": (T.FalconH1ForCausalLM, T.FalconH1Config, dict(mamba_d_ssm=128, mamba_chunk_size=16, **MAMBA)),
-    "granitemoehybrid": (T.GraniteMoeHybridForCausalLM, T.GraniteMoeHybridConfig,
-                         dict(layer_types=["linear_attention", "attention"] * 2, num_local_experts=2,
-                              num_experts_per_tok=1, **MAMBA)),
-    "lfm2": (T.Lfm2ForCausalLM, T.Lfm2Config, dict(layer_types=["conv", "full_attention"] * 2)),
-}
+HYBRIDS = ("qwen3_5", "qwen3_next", "falcon_h1", "granitemoehybrid", "lfm2")  # the hybrid families of FAMILIES
 NEW, BLOCK = 24, 6
-
-
-def hybrid_target(family: str):
-    model_class, config_class, fields = HYBRIDS[family]
-    torch.manual_seed(0)
-    model = model_class(config_class(**{**COMMON, **fields})).float().eval()
-    model.requires_grad_(False)
-    return model
 
 
 def cache_states(cache) -> dict:
@@ -77,7 +51,7 @@ def fresh_states(target, tokens: torch.Tensor) -> dict:
 def test_states_after_every_commit_equal_a_fresh_run_over_the_committed_tokens(family, monkeypatch):
     """Batch 1, a noisy oracle drafter (full, partial and no acceptances); after each commit the target's cache has
     read every committed token but the new anchor: its states must be a fresh run's over exactly those."""
-    target = hybrid_target(family)
+    target = family_target(family)
     torch.manual_seed(1)
     drafter = hf_dflash.DFlashDraftModel.from_target(target, num_hidden_layers=1, block_size=BLOCK).eval()
     prompt = make_prompt(12, seed=1)
