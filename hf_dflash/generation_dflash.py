@@ -123,14 +123,15 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         keep = int(accepted.max()) + 1
         if recurrent and keep < verify.width:  # the recurrent states read rejected drafts: rewind and re-advance
             verify = readvance(target, verify, keep, cache, recurrent, forward_kwargs)
-        generator.observe_costs(len(rows), device, verify.padded_width, synchronized_clock(device) - drafted,
-                                draft_seconds)
         running, committed = rows.commit(
             accepted, tokens, processed, drafter.target_features(verify.outputs.hidden_states),
             verify.positions[:, : verify.width], cache, verify.cached, stopping_criteria,
             drafter_read=generator.drafter_ran,
         )
         record(recorder, streamer, verify.outputs, verify.raw, processed, committed, verify.cached)
+        # the target's share of the cycle, commit included (a plain step pays it too)
+        generator.observe_costs(len(rows), device, verify.padded_width, synchronized_clock(device) - drafted,
+                                draft_seconds)
 
     if streamer is not None:
         streamer.end()

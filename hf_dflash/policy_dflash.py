@@ -48,7 +48,9 @@ class CostTable:
     Each cost is the smallest of its last ``WINDOW`` samples: timing noise on a shared machine only ever adds time (a
     load spike, another process's burst, a page fault), so one bad sample cannot move the estimate, while a machine
     that really got slower (or faster) shows in every sample and moves it within ``WINDOW`` samples. ``age(width)``
-    counts the verify observations since that width was last measured (the policy refreshes a stale t(1)).
+    counts the verify observations since that width was last measured (the policy refreshes a stale t(1)). A width not
+    measured lately is forgotten, estimated from its neighbours until the policy chooses it again: after 16
+    observations when one sample backs it (it may have met a spike), 64 after two, ``FORGET`` after more.
 
     Example:
         >>> table = CostTable()
@@ -58,6 +60,7 @@ class CostTable:
     """
 
     WINDOW = 5
+    FORGET = 256
 
     def __init__(self):
         self.verify_samples: dict[int, collections.deque] = {}
@@ -67,8 +70,9 @@ class CostTable:
 
     @property
     def verify(self) -> dict[int, float]:
-        """{width: seconds}, widths ascending."""
-        return {width: min(samples) for width, samples in sorted(self.verify_samples.items())}
+        """{width: seconds} of the widths measured lately, widths ascending."""
+        return {width: min(samples) for width, samples in sorted(self.verify_samples.items())
+                if self.age(width) < min(self.FORGET, 4 ** (len(samples) + 1))}
 
     @property
     def draft(self) -> float | None:
@@ -102,35 +106,49 @@ class CostTable:
         return age is not None and age >= min(refresh, 4 * len(self.verify_samples[width]) ** 2)
 
     def verify_seconds(self, width: int) -> float | None:
-        """Seconds of a verify of `width` rows on the lower convex hull of the measured widths (linear between hull
-        points, extended past the ends); None if none is measured. A verify's cost grows with its width along a
-        convex curve (flat while memory-bound, then linear), so a width whose few samples all met a load spike lies
-        above the hull and does not count until it is measured again at its true cost."""
-        hull = _lower_hull(list(self.verify.items()))
-        if len(hull) == 1:
-            return hull[0][1]
-        if not hull:
+        """Seconds of a verify of `width` rows: on the non-decreasing lower envelope of the measured widths (linear
+        between them, extended past the ends); None if none is measured.
+
+        A wider verify never costs less (it does all the narrower one's work), so a width measured above a wider one
+        met a load spike and counts at the wider one's cost. Nothing else is assumed of the curve's shape: on a CPU
+        it is concave (SmolLM2-135M, one thread: t(2) ~ 1.45 t(1) as the GEMM kernel replaces the matrix-vector one,
+        t(16) ~ 2.2 t(1)), so interior widths must be measured, not read off a convex fit.
+
+        Example:
+            >>> table = CostTable()
+            >>> for width, seconds in [(1, 1.0), (2, 1.45), (2, 1.5), (4, 9.0), (16, 2.2), (16, 2.3)]:  # 4: a spike
+            ...     table.observe_verify(width, seconds)
+            >>> [round(table.verify_seconds(w), 2) for w in (2, 4, 9)]
+            [1.45, 2.2, 2.2]
+            >>> for _ in range(16):  # 16 observations later, the lone (spiked) sample of width 4 is forgotten
+            ...     table.observe_verify(1, 1.0)
+            >>> [round(table.verify_seconds(w), 2) for w in (2, 4, 9)]
+            [1.45, 1.56, 1.83]
+        """
+        points = _monotone_envelope(list(self.verify.items()))
+        if len(points) == 1:
+            return points[0][1]
+        if not points:
             return None
-        # the segment whose right end is the first hull width above `width` (the last segment past the end)
-        right = next((i for i, (x, _) in enumerate(hull) if x > width), len(hull) - 1)
-        (x0, y0), (x1, y1) = hull[max(0, right - 1)], hull[max(1, right)]
+        # the segment whose right end is the first width above `width` (the last segment past the end)
+        right = next((i for i, (x, _) in enumerate(points) if x >= width), len(points) - 1)
+        (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
         return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
 
 
-def _lower_hull(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """The lower convex hull of `points` sorted by x (Andrew's monotone chain).
+def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """`points` sorted by x with each y lowered to the least y at that x or beyond (a running minimum from the
+    right): the highest non-decreasing curve under them.
 
     Example:
-        >>> _lower_hull([(1, 1.0), (4, 9.0), (8, 1.5), (16, 3.0)])  # (4, 9.0) was measured during a spike
-        [(1, 1.0), (8, 1.5), (16, 3.0)]
+        >>> _monotone_envelope([(1, 1.0), (4, 9.0), (8, 1.5), (16, 3.0)])  # (4, 9.0) was measured during a spike
+        [(1, 1.0), (4, 1.5), (8, 1.5), (16, 3.0)]
     """
-    hull: list[tuple[int, float]] = []
-    for x, y in points:
-        while len(hull) >= 2 and (hull[-1][0] - hull[-2][0]) * (y - hull[-2][1]) <= \
-                (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0]):
-            hull.pop()
-        hull.append((x, y))
-    return hull
+    envelope, least = [], math.inf
+    for x, y in reversed(points):
+        least = min(least, y)
+        envelope.append((x, least))
+    return envelope[::-1]
 
 
 # target -> {(device, dtype, batch): CostTable}: measured once, refined by every generate() call; weakly keyed, so the
