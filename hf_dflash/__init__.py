@@ -1,5 +1,5 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""hf-dflash: lossless block-diffusion speculative decoding (DFlash, DFlare) for Hugging Face transformers.
+"""hf-dflash: lossless block-diffusion speculative decoding (DFlash, DFlare, DFlash2) for Hugging Face transformers.
 
 Importing this package routes ``model.generate(..., assistant_model=drafter)`` to the DFlash loop whenever the
 assistant is a DFlash drafter; other assistants are untouched.
@@ -22,11 +22,15 @@ from .generation_dflash import (
     is_dflash_drafter,
 )
 from .modeling_dflash import DFlashDraftModel
+from .configuration_dflash2 import DFlash2Config
+from .modeling_dflash2 import DFlash2DraftModel  # also lets DFlashDraftModel.from_pretrained load DFlash2 checkpoints
 
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DFlash2Config",
+    "DFlash2DraftModel",
     "DFlashCandidateGenerator",
     "DFlashConfig",
     "DFlashDraftModel",

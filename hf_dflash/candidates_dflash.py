@@ -14,7 +14,7 @@ from .cache_dflash import cache_argument
 from .checks_dflash import ADAPTIVE_SCHEDULES, DEFAULT_LOOKUP_TOKENS, DFlashCallOptions, resolve_call_options
 from .lookup_dflash import prompt_lookup_match
 from .policy_dflash import CostAwarePolicy, gemm_friendly_rows, policy_memory
-from .sampling_dflash import choose_drafts
+from .sampling_dflash import choose_drafts, select_tokens
 
 
 class DFlashCandidateGenerator(CandidateGenerator):
@@ -47,8 +47,17 @@ class DFlashCandidateGenerator(CandidateGenerator):
                  options: DFlashCallOptions | None = None):
         options = options if options is not None else resolve_call_options(generation_config)
         self.drafter = drafter
-        self.input_embeddings = target.get_input_embeddings()
-        self.lm_head = target.get_output_embeddings()
+        # DFlash2: a selector walks the top-K candidates of each position (None: DFlash's per-position choice)
+        self.selector = getattr(drafter, "candidate_selector", None)
+        if self.selector is not None and options.tree_budget is not None:
+            raise ValueError(
+                f"dflash_tree_budget={options.tree_budget} with a DFlash2 drafter: its drafts are one path of its "
+                "candidate selector, whose distribution at each position depends on the token before it, and trees "
+                "are built from per-position distributions. Drop dflash_tree_budget (chains work with DFlash2)."
+            )
+        own_embeddings, own_head = getattr(drafter, "own_embeddings", lambda: (None, None))()
+        self.input_embeddings = own_embeddings or target.get_input_embeddings()
+        self.lm_head = own_head or target.get_output_embeddings()
         self.block_size = drafter.config.block_size
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
@@ -202,7 +211,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
         rows = gemm_friendly_rows(num_drafts + 1, device, batch)
         hidden = hidden[:, :rows].to(self.lm_head.weight.device)
         logits = self.draft_logits(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
-        return choose_drafts(self.logits_processor, histories, logits, self.do_sample)
+        if self.selector is None:
+            return choose_drafts(self.logits_processor, histories, logits, self.do_sample)
+        candidate_ids, unary = self.drafter.candidate_scores(logits)
+        edges = self.drafter.edge_scores(candidate_ids, unary, hidden[:, 1 : num_drafts + 1], anchors[:, 0])
+        return selector_walk(self.logits_processor, histories, candidate_ids, edges.to(anchors.device),
+                             logits.shape[-1], self.do_sample)
 
     def draft_logits(self, hidden):
         """The target LM head's logits for drafter `hidden` states; with a draft vocabulary, only its tokens get
@@ -214,3 +228,51 @@ class DFlashCandidateGenerator(CandidateGenerator):
             partial = partial + self.lm_head.bias[self.draft_ids]
         logits = partial.new_full((*partial.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
         return logits.index_copy_(-1, self.draft_ids, partial)
+
+
+def selector_walk(processors, histories: list[torch.Tensor], candidate_ids: torch.Tensor, edges: torch.Tensor,
+                  vocab_size: int, do_sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DFlash2 drafter's drafts: the path its candidate selector takes, and the scores each draft was chosen from.
+
+    At draft position d (d = 1..k) the row's scores are ``edges[d, i_{d-1}, :]`` on the K candidates ``candidate_ids[d]``
+    (i_0 = 0: at the first position every row of `edges` reads the anchor), -inf on every other token; the call's
+    logits processors then process them as plain ``generate`` would after the row's history and the drafts before d;
+    the draft is the argmax, or a sample of q_d = softmax(processed scores), and i_d its index among the candidates.
+    Returns (drafts [b, k], processed scores [b, k, V]): q_d = softmax(scores[:, d - 1]) is exactly the law the draft
+    at d was drawn from given the drafts before it, which is what speculative sampling needs. Where the processors
+    leave no candidate finite (e.g. all K suppressed), that position keeps its unprocessed scores (the target rejects
+    what it would never produce).
+
+    Args:
+        histories: each row's committed tokens; candidate_ids: [b, k, K]; edges: [b, k, K, K] (see
+        ``modeling_dflash2.DFlash2CandidateSelector``).
+
+    Example (no processors, greedy; one row, 2 positions, K = 2: from candidate 0 the first position prefers its
+    candidate 1, token 7; from there the second prefers candidate 0, token 4):
+        >>> edges = torch.tensor([[[[0.0, 1.0], [0.0, 1.0]], [[0.0, 3.0], [2.0, 0.0]]]])
+        >>> drafts, scores = selector_walk([], [torch.tensor([1])], torch.tensor([[[5, 7], [4, 6]]]), edges, 8, False)
+        >>> drafts.tolist(), scores[0, 1, [4, 6]].tolist()
+        ([[7, 4]], [2.0, 0.0])
+    """
+    batch, k, _ = candidate_ids.shape
+    if k == 0:
+        return candidate_ids[..., 0], edges.new_zeros(batch, 0, vocab_size)
+    rows = torch.arange(batch, device=candidate_ids.device)
+    previous = torch.zeros(batch, dtype=torch.long, device=candidate_ids.device)
+    drafts, chosen_from = [], []
+    for d in range(k):
+        raw = edges.new_full((batch, vocab_size), float("-inf")).scatter_(1, candidate_ids[:, d], edges[rows, d, previous])
+        scores = raw
+        if len(processors):
+            so_far = [torch.cat([h, torch.stack(drafts, dim=1)[r].to(h.device)]) if drafts else h
+                      for r, h in enumerate(histories)]
+            _, processed = choose_drafts(processors, so_far, raw[:, None], do_sample=False)
+            on_candidates = torch.isfinite(raw)  # a processor may turn -inf into a finite floor: keep K candidates
+            processed = processed[:, 0].masked_fill(~on_candidates, float("-inf"))
+            usable = (processed > float("-inf")).any(dim=-1, keepdim=True)
+            scores = torch.where(usable, processed, raw)
+        token = select_tokens(scores, do_sample)
+        previous = (candidate_ids[:, d] == token[:, None]).long().argmax(dim=-1)
+        drafts.append(token)
+        chosen_from.append(scores)
+    return torch.stack(drafts, dim=1), torch.stack(chosen_from, dim=1)

@@ -129,20 +129,22 @@ def _local_or_cached_file(name_or_path, filename: str, kwargs, local_files_only:
         return None
 
 
-def saved_weight_names(name_or_path, kwargs=None) -> set[str] | None:
+def saved_weight_names(name_or_path, kwargs=None, download: bool = False) -> set[str] | None:
     """Names of the weights of a safetensors checkpoint (one file or an index), read from the file headers in a
-    local folder or the HF cache; None when they cannot be read (e.g. a .bin checkpoint).
+    local folder or the HF cache (with `download`, fetched there first, as loading would); None when they cannot be
+    read (e.g. a .bin checkpoint).
 
     Example:
         >>> sorted(saved_weight_names("my-drafter"))[:2]  # doctest: +SKIP
         ['d2t', 'fc.weight']
     """
     kwargs = kwargs or {}
-    index = _local_or_cached_file(name_or_path, "model.safetensors.index.json", kwargs, local_files_only=True)
+    local = None if download else True
+    index = _local_or_cached_file(name_or_path, "model.safetensors.index.json", kwargs, local_files_only=local)
     if index is not None:
         with open(index, encoding="utf-8") as f:
             return set(json.load(f)["weight_map"])
-    single = _local_or_cached_file(name_or_path, "model.safetensors", kwargs, local_files_only=True)
+    single = _local_or_cached_file(name_or_path, "model.safetensors", kwargs, local_files_only=local)
     if single is None:
         return None
     with open(single, "rb") as f:  # safetensors: 8-byte little-endian header size, then a JSON header

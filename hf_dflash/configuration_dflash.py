@@ -12,7 +12,11 @@ from transformers import Qwen3Config
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 DFLARE_ARCHITECTURE = "QwenDFlareDraftModel"
-SUPPORTED_ARCHITECTURES = (DFLASH_ARCHITECTURE, DFLARE_ARCHITECTURE)
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
+SUPPORTED_ARCHITECTURES = (DFLASH_ARCHITECTURE, DFLARE_ARCHITECTURE, DFLASH2_ARCHITECTURE)
+# The dflash_config keys of a DFlash2 drafter (configuration_dflash2.py): required, then optional
+DFLASH2_REQUIRED = ("conv_group_size", "conv_kernel_size", "selector_rank", "selector_top_k")
+DFLASH2_FIELDS = DFLASH2_REQUIRED + ("output_multiplier", "final_logit_softcapping", "input_embedding_scale")
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -95,6 +99,8 @@ class DFlashConfig(Qwen3Config):
         if nested.get("use_swa") and kwargs.get("layer_types") is None and kwargs.get("num_hidden_layers"):
             kwargs["layer_types"] = ["sliding_attention"] * kwargs["num_hidden_layers"]
         architectures = kwargs.get("architectures") or [DFLASH_ARCHITECTURE]
+        if DFLASH2_ARCHITECTURE not in architectures:  # DFlash2Config checks its own fields
+            check_variant_layout({**kwargs, "architectures": architectures, "dflash_config": nested})
         is_dflare = DFLARE_ARCHITECTURE in architectures
         self.block_size = int(block_size)
         self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
@@ -145,8 +151,9 @@ class DFlashConfig(Qwen3Config):
         return output
 
 
-def validate_architecture(config_dict: dict) -> None:
-    """Raise a ValueError for configs that are not DFlash/DFlare drafters (e.g. a later 'DFlash2')."""
+def validate_architecture(config_dict: dict) -> list[str]:
+    """The architectures `config_dict` names; a ValueError for configs that are not DFlash/DFlare/DFlash2 drafters, or
+    that mix their layouts."""
     architectures = config_dict.get("architectures") or []
     unknown = [a for a in architectures if a not in SUPPORTED_ARCHITECTURES]
     if unknown:
@@ -161,6 +168,53 @@ def validate_architecture(config_dict: dict) -> None:
             "This config has no dflash_config.target_layer_ids, so it is not a DFlash drafter. "
             "Create one with DFlashDraftModel.from_target(target) or load a DFlash checkpoint."
         )
+    check_variant_layout(config_dict)
+    return architectures
+
+
+def check_variant_layout(config_dict: dict) -> None:
+    """Raise a ValueError naming the field and the fix when a config mixes the DFlash/DFlare and DFlash2 layouts.
+
+    DFlash2 (``architectures: ["DFlash2DraftModel"]``) keeps its fields inside ``dflash_config``; a DFlash or DFlare
+    config has none of them, and a DFlash2 config has no DFlare switch and no draft vocabulary.
+
+    Example:
+        >>> check_variant_layout({"architectures": ["DFlashDraftModel"], "dflash_config": {"selector_top_k": 8}})
+        Traceback (most recent call last):
+        ...
+        ValueError: dflash_config.selector_top_k is a DFlash2 field, but architectures=['DFlashDraftModel']: ...
+    """
+    architectures = list(config_dict.get("architectures") or [DFLASH_ARCHITECTURE])
+    nested = config_dict.get("dflash_config") or {}
+    is_dflash2 = DFLASH2_ARCHITECTURE in architectures
+    if is_dflash2 and len(set(architectures)) > 1:
+        raise ValueError(f"architectures={architectures} names DFlash2 and another drafter layout: keep one, "
+                         f"['{DFLASH2_ARCHITECTURE}'] for a checkpoint with conv and candidate_selector weights.")
+    stray = [k for k in DFLASH2_FIELDS if config_dict.get(k) is not None]
+    if stray:
+        raise ValueError(f"{stray[0]} is a DFlash2 field at the top level of config.json; DFlash2 (vLLM, z-lab) reads "
+                         f"it from dflash_config: move it to dflash_config.{stray[0]}.")
+    if not is_dflash2:
+        found = [k for k in DFLASH2_FIELDS if k in nested]
+        if found:
+            raise ValueError(
+                f"dflash_config.{found[0]} is a DFlash2 field, but architectures={architectures}: set architectures "
+                f"to ['{DFLASH2_ARCHITECTURE}'] (a DFlash2 checkpoint, with conv and candidate_selector weights), or "
+                f"remove dflash_config.{found[0]} (a DFlash/DFlare checkpoint)."
+            )
+        return
+    missing = [k for k in DFLASH2_REQUIRED if nested.get(k) is None]
+    if missing:
+        raise ValueError(f"architectures=['{DFLASH2_ARCHITECTURE}'] needs dflash_config.{missing[0]} (DFlash2 fields "
+                         f"{list(DFLASH2_REQUIRED)}); add it, or load the checkpoint as DFlash with architectures="
+                         f"['{DFLASH_ARCHITECTURE}'] if it has no conv or candidate_selector weights.")
+    for switch in ("layer_fusion", "split_context_kv"):
+        if config_dict.get(switch):
+            raise ValueError(f"{switch}=true is a DFlare switch, which DFlash2 drafters do not have: remove {switch} "
+                             f"from config.json, or use architectures=['{DFLARE_ARCHITECTURE}'] without DFlash2 fields.")
+    if config_dict.get("draft_vocab_size"):
+        raise ValueError("draft_vocab_size with a DFlash2 drafter: its candidate selector scores the whole vocabulary "
+                         "(codebooks of vocab_size rows). Remove draft_vocab_size (and the d2t weight).")
 
 
 # When hf_dflash is installed, a remote-code copy of this module hands back the installed class, so that

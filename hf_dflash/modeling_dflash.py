@@ -182,6 +182,8 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         >>> drafter.last_stats.mean_acceptance_length  # doctest: +SKIP
     """
 
+    decoder_layer_cls = DFlashDecoderLayer  # a variant's layers (DFlash2: convolutions around attention and MLP)
+
     def __init__(self, config: DFlashConfig):
         super().__init__(config)
         if config.target_layer_ids is None:
@@ -194,7 +196,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             self.fc = nn.Linear(num_features * config.hidden_size, config.hidden_size, bias=False)
             self.layer_fusion_weights = None
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList([self.decoder_layer_cls(config, i) for i in range(config.num_hidden_layers)])
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config=config)
         # A draft vocabulary in EAGLE-3's layout, the one vLLM reads: draft index i is target token i + d2t[i], scored
@@ -420,14 +422,15 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             target_name_or_path=target_hub_id or hub_id_of(getattr(target, "name_or_path", None)),
         )
         fields.update(config_overrides)
-        config = DFlashConfig(**fields)
+        config = cls.config_class(**fields)
         drafter = cls(config).to(device=target.device, dtype=target.dtype)
         check_drafter_matches_target(target, drafter)
         return drafter
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a DFlash/DFlare drafter (ours, z-lab's, AngelSlim's), refusing other architectures clearly.
+        """Load a DFlash/DFlare drafter (ours, z-lab's, AngelSlim's), or a DFlash2 one (handed to its class, see
+        VARIANTS), refusing other architectures clearly.
 
         Example:
             >>> drafter = DFlashDraftModel.from_pretrained("z-lab/Qwen3-8B-DFlash-b16")  # doctest: +SKIP
@@ -436,7 +439,10 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             config_file = local_or_cached_config(pretrained_model_name_or_path, kwargs)
             if config_file is not None:
                 with open(config_file, encoding="utf-8") as f:
-                    validate_architecture(json.load(f))
+                    architectures = validate_architecture(json.load(f))
+                variant = next((VARIANTS[a] for a in architectures if a in VARIANTS), cls)
+                if not issubclass(cls, variant):
+                    return variant.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         want_info = kwargs.pop("output_loading_info", False)
         try:
             model, info = super().from_pretrained(
@@ -577,6 +583,9 @@ def expand_padding_mask(attention_mask, q_len: int):
     return attention_mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
 
 
+# Sibling drafter classes by the architecture their checkpoints name (DFlash2 registers itself when imported, as
+# hf_dflash's __init__ does), so that DFlashDraftModel.from_pretrained loads their checkpoints too
+VARIANTS: dict[str, type] = {}
 DFlashDraftModel.register_for_auto_class("AutoModel")
 DFlashConfig.register_for_auto_class("AutoConfig")
 

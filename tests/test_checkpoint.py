@@ -251,13 +251,13 @@ def test_broken_checkpoints_raise_clear_errors(saved, tmp_path):
     with pytest.raises(ValueError, match="weight shapes do not match"):
         DFlashDraftModel.from_pretrained(wrong_shape)
 
-    not_dflash = tmp_path / "dflash2"
-    shutil.copytree(source, not_dflash)
-    config = json.loads((not_dflash / "config.json").read_text())
+    not_dflash2 = tmp_path / "dflash2"  # a DFlash folder that claims to be DFlash2: no DFlash2 fields
+    shutil.copytree(source, not_dflash2)
+    config = json.loads((not_dflash2 / "config.json").read_text())
     config["architectures"] = ["DFlash2DraftModel"]
-    (not_dflash / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="DFlash2DraftModel"):
-        DFlashDraftModel.from_pretrained(not_dflash)
+    (not_dflash2 / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"DFlash2DraftModel.*needs dflash_config\.conv_group_size"):
+        DFlashDraftModel.from_pretrained(not_dflash2)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

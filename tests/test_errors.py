@@ -202,11 +202,12 @@ def _write_config(folder, **changes):
 
 
 def test_from_pretrained_rejects_other_architectures(tmp_path):
-    folder = _write_config(tmp_path, architectures=["DFlash2DraftModel"])
+    folder = _write_config(tmp_path, architectures=["DFlash3DraftModel"])  # DFlash2 loads (tests/test_dflash2.py)
     with pytest.raises(ValueError) as info:
         hf_dflash.DFlashDraftModel.from_pretrained(folder)
     message = str(info.value)
-    assert "DFlash2DraftModel" in message and "DFlashDraftModel" in message and "QwenDFlareDraftModel" in message
+    assert "DFlash3DraftModel" in message and "DFlashDraftModel" in message and "QwenDFlareDraftModel" in message
+    assert "DFlash2DraftModel" in message
     assert "convert" in message or "code published" in message
 
 

@@ -18,15 +18,17 @@ PAYLOAD = (
     "checks_dflash", "rows_dflash",
     "candidates_dflash", "tree_dflash",
     "modeling_dflash", "generation_dflash",
+    "configuration_dflash2", "modeling_dflash2",  # DFlash2 drafters (issue 21)
 )
 # The generation side of the payload, bottom up: a module may import siblings of lower floors only.
 FLOORS = (
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
-    ("checks_dflash", "rows_dflash"),
+    ("checks_dflash", "rows_dflash", "configuration_dflash2"),
     ("candidates_dflash", "tree_dflash"),
     ("generation_dflash",),
     ("modeling_dflash",),  # imports the loop module so that loading a drafter installs the routing
+    ("modeling_dflash2",),  # a DFlash drafter plus convolutions and a candidate selector
 )
 MAX_MODULE_LINES = 600
 # Each module may import modules of its own layer or of the layers before it, never after.
