@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Cross-implementation check of DFlash2 (issue 21): hf-dflash against vLLM 0.32's own DFlash2 code on a tiny random
+# drafter (logits, candidates, selector scores, drafted paths, sampled-path law and q). Run from anywhere in a clone
+# whose Python environment has hf-dflash installed (`pip install -e .`):
+#
+#   bash benchmarks/dflash2_crosscheck.sh    # Markdown on stdout, benchmarks/dflash2_crosscheck.json (~6 min here)
+#
+# vLLM pins an older transformers than hf-dflash, so it runs in its own venv: $VLLM_VENV when set, else
+# /work/vllm/venv when it exists, else the one benchmarks/vllm_check.sh creates ($HF_DFLASH_CACHE/vllm-venv, made on
+# first use there). PYTHON (default: python3) is hf-dflash's side; OMP_NUM_THREADS defaults to 1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+if [[ -n "${VLLM_VENV:-}" ]]; then
+  VENV="$VLLM_VENV"
+elif [[ -x /work/vllm/venv/bin/python ]]; then
+  VENV=/work/vllm/venv
+else
+  VENV="$(bash benchmarks/vllm_check.sh --print-venv || true)"
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "[dflash2_crosscheck] no vLLM venv: run 'bash benchmarks/vllm_check.sh --tiny' once to create it" >&2
+    exit 2
+  fi
+fi
+exec "$PYTHON" benchmarks/dflash2_crosscheck.py --vllm-python "$VENV/bin/python" "$@"
