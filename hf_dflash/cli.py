@@ -63,6 +63,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
                 kwargs["default"] = f.default
             if "choices" in meta:
                 kwargs["choices"] = meta["choices"]
+            for key in ("nargs", "metavar"):
+                if key in meta:
+                    kwargs[key] = meta[key]
         parser.add_argument(flag, *meta.get("aliases", ()), **kwargs)
 
 
@@ -215,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(subparsers)
     add_dataclass_command(
         subparsers, "regenerate", RegenerationArguments, regenerate,
-        help="regenerate training responses with the target (resumable JSONL)",
+        help="regenerate training responses with the target, in-process or on servers (resumable JSONL)",
         description="Generate the target's own responses to a prompt set, as DFlash training data. Resumable: rerun\n"
-        "the same command after a kill.",
+        "the same command after a kill. In-process, or with --server URL [URL ...] on OpenAI-compatible servers\n"
+        "that already serve the target (vLLM, SGLang, `transformers serve`).",
     )
     add_dataclass_command(
         subparsers, "train", DFlashTrainingArguments,

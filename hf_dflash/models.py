@@ -162,9 +162,7 @@ def load_target(
         30
         >>> target, tokenizer = load_target("Qwen/Qwen3-8B", dtype="bfloat16", device="cuda")  # doctest: +SKIP
     """
-    if name_or_path is None or str(name_or_path).lower() in SMOLLM2_ALIASES:
-        name_or_path = smollm2_folder()
-    name_or_path = str(name_or_path)
+    name_or_path = target_location(name_or_path)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     if name_or_path.endswith(".gguf"):
@@ -174,10 +172,43 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=device_map or str(device))
     model.eval().requires_grad_(False)
+    return model, prepared_tokenizer(tokenizer)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    """The target's tokenizer alone, prepared as :func:`load_target` prepares it (pad token, chat template checked):
+    what regeneration on a served target needs, where the weights live in the engine.
+
+    Example:
+        >>> load_tokenizer("Qwen/Qwen3-8B").eos_token  # doctest: +SKIP
+        '<|im_end|>'
+    """
+    name_or_path = target_location(name_or_path)
+    if name_or_path.endswith(".gguf"):
+        folder, name = os.path.split(name_or_path)
+        return prepared_tokenizer(AutoTokenizer.from_pretrained(folder or ".", gguf_file=name))
+    return prepared_tokenizer(AutoTokenizer.from_pretrained(name_or_path))
+
+
+def target_location(name_or_path: str | os.PathLike | None) -> str:
+    """Where a target is loaded from: the offline SmolLM2 folder for ``None`` and its aliases, else as given.
+
+    Example:
+        >>> target_location("Qwen/Qwen3-8B")
+        'Qwen/Qwen3-8B'
+    """
+    if name_or_path is None or str(name_or_path).lower() in SMOLLM2_ALIASES:
+        return str(smollm2_folder())
+    return str(name_or_path)
+
+
+def prepared_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """``tokenizer`` with a pad token (its EOS when it has none: batches are left padded) and its chat template
+    checked (a warning when prompts will be plain text)."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_chat_template(tokenizer)
-    return model, tokenizer
+    return tokenizer
 
 
 def first_token_id(value: int | list[int] | None) -> int | None:

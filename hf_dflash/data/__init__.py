@@ -4,7 +4,8 @@ target's own responses.
 
 - :mod:`hf_dflash.data.records`: JSON / JSONL / Parquet / ``datasets`` readers, prompts and training samples;
 - :mod:`hf_dflash.data.chat`: the one rule that turns a prompt into the token ids the target sees, and left padding;
-- :mod:`hf_dflash.data.regenerate`: ``hf-dflash regenerate`` (resumable).
+- :mod:`hf_dflash.data.regenerate`: ``hf-dflash regenerate`` (resumable), in-process or on servers;
+- :mod:`hf_dflash.data.serving`: the OpenAI-compatible chat-completions client regeneration on servers uses.
 """
 
 from .chat import chat_input_ids, left_padded_batch, prompt_text, prompt_token_ids, teacher_forced_record

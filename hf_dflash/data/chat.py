@@ -15,10 +15,12 @@ from .records import Prompt
 
 
 def prompt_text(tokenizer, prompt: Prompt, use_chat_template: bool = True, enable_thinking: bool | None = False,
-                system_prompt: str | None = None) -> str:
+                system_prompt: str | None = None, template_kwargs: dict | None = None) -> str:
     """The text the target sees: chat template with a generation prompt when the tokenizer has one, else raw text.
 
     `enable_thinking` is handed to the template (Qwen3-style templates read it; others ignore it); None omits it.
+    `template_kwargs` are further template variables (they win over `enable_thinking`), as an engine's
+    ``chat_template_kwargs`` are.
 
     Example:
         >>> prompt_text(tokenizer, "Hi")  # doctest: +SKIP
@@ -29,11 +31,22 @@ def prompt_text(tokenizer, prompt: Prompt, use_chat_template: bool = True, enabl
         if isinstance(prompt, list):
             return "\n\n".join(m["content"] for m in prompt)
         return prompt
+    variables = ({} if enable_thinking is None else {"enable_thinking": enable_thinking}) | (template_kwargs or {})
+    return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), tokenize=False,
+                                         add_generation_prompt=True, **variables)
+
+
+def chat_messages(prompt: Prompt, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The chat turns of a prompt: a string becomes one user turn; `system_prompt` leads when none is there.
+
+    Example:
+        >>> chat_messages("Hi", system_prompt="Be brief.")
+        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}]
+    """
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system_prompt and not any(m["role"] == "system" for m in messages):
         messages = [{"role": "system", "content": system_prompt}] + messages
-    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+    return messages
 
 
 def prompt_token_ids(tokenizer, text: str, use_chat_template: bool = True) -> list[int]:

@@ -6,12 +6,20 @@ default) instead of taken from the dataset. ``regenerate`` reads prompts (see :m
 the chat template (:mod:`hf_dflash.data.chat`), generates batched responses and appends one JSON line per kept
 sample, flushed after every batch, so a killed run resumes where it stopped.
 
+With ``--server URL [URL ...]`` the target runs in an engine that is already serving it (vLLM, SGLang,
+``transformers serve``: any OpenAI-compatible chat-completions endpoint; the client is
+:mod:`hf_dflash.data.serving`) and only its tokenizer is loaded here. The records are the same; each also says where
+its response ids come from: ``"token_ids_from": "engine"`` (the engine returned them, vLLM's ``return_token_ids``) or
+``"retokenized"`` (its text, tokenized with the target tokenizer; kept only when decoding gives the text back).
+Records are written in prompt order whatever the number of servers and the timing.
+
 Output record (one line of the output JSONL)::
 
     {"index": 12,                 # position of the prompt in the prompts file (used to resume)
      "prompt_length": 37,         # input_ids[:prompt_length] is the prompt; the rest is the supervised response
      "input_ids": [...],          # prompt + response token ids (response ends with EOS when it finished)
-     "prompt": "<templated prompt text>", "response": "<response text>", "finished": true}
+     "prompt": "<templated prompt text>", "response": "<response text>", "finished": true,
+     "token_ids_from": "engine"}  # --server only: "engine" or "retokenized"
 
 Prompts that produce fewer than ``2 * block_size`` response tokens (or are too long) are not written to the output;
 their indices go to ``<output>.skipped`` so that a resumed run does not redo them.
@@ -20,26 +28,46 @@ Example:
     >>> from hf_dflash.data import RegenerationArguments, regenerate
     >>> regenerate(RegenerationArguments(target="Qwen/Qwen3-8B", prompts="prompts.jsonl",
     ...                                  output="train.jsonl", max_new_tokens=2048))  # doctest: +SKIP
+    >>> regenerate(RegenerationArguments(target="Qwen/Qwen3-8B", prompts="prompts.jsonl", output="train.jsonl",
+    ...                                  server=["http://gpu-node:8000"], concurrency=64))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from transformers.utils import logging
 
-from ..models import load_target, pad_token_id
-from .chat import left_padded_batch, prompt_text, prompt_token_ids
-from .records import iter_records, load_prompts
+from ..models import load_target, load_tokenizer, pad_token_id, target_location
+from .chat import chat_messages, left_padded_batch, prompt_text, prompt_token_ids
+from .records import Prompt, iter_records, load_prompts
+from .serving import Completion, Server, chat_completion, checked_server, ordered_results
 
 logger = logging.get_logger(__name__)
+
+REASONING_CHOICES = ("keep", "drop")
+
+
+def json_object(text: str | dict | None) -> dict | None:
+    """A JSON object given on the command line (or already a dict).
+
+    Example:
+        >>> json_object('{"enable_thinking": true}')
+        {'enable_thinking': True}
+    """
+    value = json.loads(text) if isinstance(text, str) else text
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{text!r} is not a JSON object.")
+    return value
 
 
 @dataclass
@@ -65,6 +93,30 @@ class RegenerationArguments:
     max_prompt_length: int = field(default=2048, metadata={"help": "Skip prompts longer than this (tokens)."})
     seed: int = field(default=0, metadata={"help": "Sampling seed (reseeded per batch from its first prompt index)."})
     dtype: str = field(default="auto", metadata={"help": "Target dtype: auto (bf16 on GPU, fp32 on CPU) or a name."})
+    chat_template_kwargs: dict | None = field(default=None, metadata={
+        "help": "Further chat-template variables as a JSON object, e.g. '{\"reasoning_effort\": \"low\"}' (win over "
+                "--enable-thinking; sent to servers as chat_template_kwargs).", "type": json_object})
+    server: list[str] | None = field(default=None, metadata={
+        "help": "Regenerate on these OpenAI-compatible servers (vLLM, SGLang, `transformers serve`; base URLs such as "
+                "http://127.0.0.1:8000) instead of in-process; prompts are spread over them. --target then names the "
+                "served model and its tokenizer (only the tokenizer is loaded).", "nargs": "+", "metavar": "URL"})
+    server_model: str | None = field(default=None, metadata={
+        "help": "With --server: the served model's name when it differs from --target (vLLM --served-model-name)."})
+    concurrency: int = field(default=8, metadata={"help": "With --server: requests in flight per server."})
+    retries: int = field(default=5, metadata={
+        "help": "With --server: tries again after a connection error, timeout, 429 or 5xx this many times, waiting "
+                "--retry-delay seconds, then twice as long each time."})
+    retry_delay: float = field(default=1.0, metadata={"help": "With --server: first wait before a retry (seconds)."})
+    request_timeout: float = field(default=600.0, metadata={"help": "With --server: seconds one request may take."})
+    reasoning: str = field(default="keep", metadata={
+        "help": "With --server: keep the reasoning the engine generated in the response, or drop it and keep the "
+                "answer only (re-tokenized), when the engine's reasoning parser splits it off.",
+        "choices": REASONING_CHOICES})
+
+    def __post_init__(self) -> None:
+        self.chat_template_kwargs = json_object(self.chat_template_kwargs)
+        if isinstance(self.server, str):
+            self.server = [self.server]
 
     @property
     def min_tokens(self) -> int:
@@ -77,7 +129,15 @@ class RegenerationArguments:
         settings = {k: getattr(self, k) for k in keys}
         for k in ("target", "prompts"):
             settings[k] = _normalised_path(settings[k])
+        # settings that came later enter only when set: outputs written before them still resume
+        for k, default in (("chat_template_kwargs", None), ("reasoning", "keep")):
+            if getattr(self, k) != default:
+                settings[k] = getattr(self, k)
         return settings
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat-template variables of every prompt (in-process and sent to servers)."""
+        return {"enable_thinking": self.enable_thinking} | (self.chat_template_kwargs or {})
 
 
 def _normalised_path(name: str) -> str:
@@ -94,6 +154,17 @@ def validate_regeneration_arguments(args: RegenerationArguments) -> None:
         logger.warning(f"max_new_tokens={args.max_new_tokens} < {args.min_tokens} kept minimum: every sample drops.")
     if args.temperature < 0:
         raise ValueError(f"temperature={args.temperature} must be >= 0 (0 = greedy).")
+    if args.reasoning not in REASONING_CHOICES:
+        raise ValueError(f"reasoning={args.reasoning!r}: choose one of {REASONING_CHOICES}.")
+    if args.server:
+        if not args.use_chat_template:
+            raise ValueError("--no-chat-template with --server: a chat-completions server always applies the chat "
+                             "template; regenerate in-process (without --server) for plain-text prompts.")
+        if args.concurrency < 1 or args.retries < 0:
+            raise ValueError(f"concurrency={args.concurrency} must be >= 1 and retries={args.retries} >= 0.")
+    elif args.reasoning != "keep":
+        raise ValueError("--reasoning drop needs --server: an engine's reasoning parser is what splits the reasoning "
+                         "off the answer.")
 
 
 def skipped_path(output: str | os.PathLike) -> Path:
@@ -136,7 +207,7 @@ def check_same_regeneration(args: RegenerationArguments) -> None:
     path = meta_path(args.output)
     if path.exists():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+        differ = {k: (saved.get(k), settings.get(k)) for k in {**saved, **settings} if saved.get(k) != settings.get(k)}
         if differ:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differ.items())
             raise ValueError(
@@ -197,12 +268,28 @@ def _write_lines(path: Path, records: list[dict]) -> None:
         f.flush()  # a killed process loses at most the batch in flight
 
 
+def eos_id_set(eos: int | list[int] | None) -> set[int]:
+    """The EOS ids of a config field holding one id, a list or None (None: responses never end by themselves).
+
+    Example:
+        >>> sorted(eos_id_set([2, 7])), eos_id_set(None)
+        ([2, 7], set())
+    """
+    return set() if eos is None else {int(t) for t in ([eos] if isinstance(eos, int) else eos)}
+
+
+# Each step of regeneration yields (kept records, skipped markers, prompts done) for the writer in `regenerate`.
+Step = tuple[list[dict], list[dict], int]
+
+
 def regenerate(args: RegenerationArguments, target=None, tokenizer=None) -> dict[str, int]:
-    """Generate the target's responses to the prompts of `args.prompts`, appending kept samples to `args.output`.
+    """Generate the target's responses to the prompts of `args.prompts`, appending kept samples to `args.output`:
+    in-process, or on the servers of ``args.server`` (then only the tokenizer is loaded here).
 
     Resumes: prompt indices already in the output (or its `.skipped` sidecar) are not generated again. Pass a
     loaded `target` / `tokenizer` to skip loading them from `args.target`. Returns counts
-    ``{"kept", "skipped", "already_done", "total"}`` for this call.
+    ``{"kept", "skipped", "already_done", "total"}`` for this call. Servers that do not answer or serve another
+    model raise a ValueError before anything is written.
 
     Example:
         >>> counts = regenerate(RegenerationArguments(target="HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -217,42 +304,68 @@ def regenerate(args: RegenerationArguments, target=None, tokenizer=None) -> dict
     if not pending:
         logger.info(f"{args.output}: all {len(prompts)} prompts already done.")
         return counts
-    if target is None or tokenizer is None:
-        target, tokenizer = load_target(args.target, dtype=args.dtype)
-    target.eval()
+    if args.server:
+        name = target_location(args.target)  # the offline SmolLM2 alias names its folder, which the server serves
+        servers = [checked_server(url, name, args.server_model, args.request_timeout) for url in args.server]
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.target)
+        steps = served_steps(args, pending, tokenizer, servers)
+    else:
+        if target is None or tokenizer is None:
+            target, tokenizer = load_target(args.target, dtype=args.dtype)
+        steps = in_process_steps(args, pending, target.eval(), tokenizer)
     record_regeneration_settings(args)  # only now: a target that fails to load leaves no files behind
-    config = generation_config_for(args, target, tokenizer)
-    eos = config.eos_token_id
-    eos_ids = set() if eos is None else {int(t) for t in ([eos] if isinstance(eos, int) else eos)}  # none: never ends
 
     progress = tqdm(total=len(pending), desc="regenerate", unit="prompt")
-    window = args.batch_size * 16  # tokenise and length-sort this many prompts at a time
-    for start in range(0, len(pending), window):
-        chunk = pending[start : start + window]
-        texts = {i: prompt_text(tokenizer, p, args.use_chat_template, args.enable_thinking, args.system_prompt)
-                 for i, p in chunk}
-        ids = {i: prompt_token_ids(tokenizer, texts[i], args.use_chat_template) for i, _ in chunk}
-        too_long = [i for i, _ in chunk if len(ids[i]) > args.max_prompt_length]
-        _write_lines(skipped_path(args.output), [{"index": i, "reason": "prompt_too_long"} for i in too_long])
-        counts["skipped"] += len(too_long)
-        progress.update(len(too_long))
-        todo = sorted((i for i, _ in chunk if len(ids[i]) <= args.max_prompt_length), key=lambda i: len(ids[i]))
-        for batch in (todo[j : j + args.batch_size] for j in range(0, len(todo), args.batch_size)):
-            kept, skipped = generate_batch(target, tokenizer, config, eos_ids, batch, ids, texts, args)
+    with closing(steps), progress:  # closing: an interrupted run stops its server threads' queued requests too
+        for kept, skipped, prompts_done in steps:
             _write_lines(Path(args.output), kept)
             _write_lines(skipped_path(args.output), skipped)
             counts["kept"] += len(kept)
             counts["skipped"] += len(skipped)
-            progress.update(len(batch))
+            progress.update(prompts_done)
             progress.set_postfix(kept=counts["kept"], dropped=counts["skipped"])
-    progress.close()
     logger.info(f"{args.output}: kept {counts['kept']}, dropped {counts['skipped']} (of {len(pending)} new prompts).")
     return counts
 
 
+def sample_record(index: int, prompt_ids: list[int], response: list[int], finished: bool, prompt: str, tokenizer,
+                  min_tokens: int, **fields: Any) -> Step:
+    """The step of one prompt: its record when the response has ``min_tokens`` tokens, else a "short" marker.
+
+    Example:
+        >>> sample_record(3, [1], [5, 2], True, "p", tokenizer, min_tokens=4)  # doctest: +SKIP
+        ([], [{'index': 3, 'reason': 'short', 'response_tokens': 2}], 1)
+    """
+    if len(response) < min_tokens:
+        return [], [{"index": index, "reason": "short", "response_tokens": len(response)}], 1
+    record = {"index": index, "prompt_length": len(prompt_ids), "input_ids": prompt_ids + response, "prompt": prompt,
+              "response": tokenizer.decode(response, skip_special_tokens=False), "finished": finished}
+    return [record | fields], [], 1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# in-process
+def in_process_steps(args: RegenerationArguments, pending: list[tuple[int, Prompt]], target,
+                     tokenizer) -> Iterator[Step]:
+    """Steps of in-process regeneration: length-sorted, left-padded batches of `args.batch_size` prompts."""
+    config = generation_config_for(args, target, tokenizer)
+    eos_ids = eos_id_set(config.eos_token_id)
+    window = args.batch_size * 16  # tokenise and length-sort this many prompts at a time
+    for start in range(0, len(pending), window):
+        chunk = pending[start : start + window]
+        texts = {i: prompt_text(tokenizer, p, args.use_chat_template, args.enable_thinking, args.system_prompt,
+                                args.chat_template_kwargs) for i, p in chunk}
+        ids = {i: prompt_token_ids(tokenizer, texts[i], args.use_chat_template) for i, _ in chunk}
+        too_long = [i for i, _ in chunk if len(ids[i]) > args.max_prompt_length]
+        yield [], [{"index": i, "reason": "prompt_too_long"} for i in too_long], len(too_long)
+        todo = sorted((i for i, _ in chunk if len(ids[i]) <= args.max_prompt_length), key=lambda i: len(ids[i]))
+        for batch in (todo[j : j + args.batch_size] for j in range(0, len(todo), args.batch_size)):
+            yield generate_batch(target, tokenizer, config, eos_ids, batch, ids, texts, args)
+
+
 @torch.no_grad()
-def generate_batch(target, tokenizer, config, eos_ids, batch, ids, texts, args) -> tuple[list[dict], list[dict]]:
-    """Kept records and skipped markers for one batch of prompt indices."""
+def generate_batch(target, tokenizer, config, eos_ids, batch, ids, texts, args) -> Step:
+    """The step of one batch of prompt indices: kept records and skipped markers."""
     input_ids, attention_mask = left_padded_batch([ids[i] for i in batch], config.pad_token_id, target.device)
     if config.do_sample:
         torch.manual_seed(args.seed + batch[0])  # independent of how many batches ran before (resumed runs)
@@ -260,15 +373,108 @@ def generate_batch(target, tokenizer, config, eos_ids, batch, ids, texts, args) 
     kept, skipped = [], []
     for row, index in enumerate(batch):
         response, finished = response_token_ids(output[row, input_ids.shape[1] :].tolist(), eos_ids)
-        if len(response) < args.min_tokens:
-            skipped.append({"index": index, "reason": "short", "response_tokens": len(response)})
-            continue
-        kept.append({
-            "index": index,
-            "prompt_length": len(ids[index]),
-            "input_ids": ids[index] + response,
-            "prompt": texts[index],
-            "response": tokenizer.decode(response, skip_special_tokens=False),
-            "finished": finished,
-        })
-    return kept, skipped
+        more_kept, more_skipped, _ = sample_record(index, ids[index], response, finished, texts[index], tokenizer,
+                                                   args.min_tokens)
+        kept += more_kept
+        skipped += more_skipped
+    return kept, skipped, len(batch)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# on servers
+class ServedPrompt(NamedTuple):
+    """A prompt as this side sees it; ``messages`` is None when it is too long to send."""
+
+    index: int
+    text: str
+    ids: list[int]
+    messages: list[dict[str, str]] | None
+
+
+def served_steps(args: RegenerationArguments, pending: list[tuple[int, Prompt]], tokenizer,
+                 servers: list[Server]) -> Iterator[Step]:
+    """Steps of regeneration on `servers`, one prompt each, in prompt order (:func:`ordered_results`)."""
+    eos_ids = eos_id_set(target_eos(args.target, tokenizer))
+    end_id = tokenizer.eos_token_id if tokenizer.eos_token_id in eos_ids else min(eos_ids, default=None)
+
+    def prepared() -> Iterator[ServedPrompt]:  # runs on this thread: the tokenizer is not thread-safe
+        for index, prompt in pending:
+            text = prompt_text(tokenizer, prompt, True, args.enable_thinking, args.system_prompt,
+                               args.chat_template_kwargs)
+            ids = prompt_token_ids(tokenizer, text)
+            fits = len(ids) <= args.max_prompt_length
+            yield ServedPrompt(index, text, ids, chat_messages(prompt, args.system_prompt) if fits else None)
+
+    def fetch(server: Server, item: ServedPrompt) -> Completion | None:
+        if item.messages is None:
+            return None
+        return chat_completion(server, request_settings(args, item), args.retries, args.retry_delay,
+                               args.request_timeout)
+
+    for item, completion in ordered_results(prepared(), servers, fetch, args.concurrency):
+        if completion is None:
+            yield [], [{"index": item.index, "reason": "prompt_too_long"}], 1
+        else:
+            yield served_sample(item, completion, tokenizer, eos_ids, end_id, args)
+
+
+def request_settings(args: RegenerationArguments, item: ServedPrompt) -> dict[str, Any]:
+    """The sampling settings of one request: as in-process (greedy at temperature 0), seeded per prompt index so
+    that a resumed or re-spread run asks the same."""
+    return {"messages": item.messages, "max_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "top_p": args.top_p if args.temperature > 0 else 1.0, "seed": args.seed + item.index,
+            "chat_template_kwargs": args.template_kwargs()}
+
+
+def target_eos(target: str, tokenizer) -> int | list[int] | None:
+    """The target's EOS ids as its generation config names them (what engines stop on), else the tokenizer's."""
+    try:
+        eos = GenerationConfig.from_pretrained(target_location(target)).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS is all there is
+        eos = None
+    return eos if eos is not None else tokenizer.eos_token_id
+
+
+def served_sample(item: ServedPrompt, completion: Completion, tokenizer, eos_ids: set[int], end_id: int | None,
+                  args: RegenerationArguments) -> Step:
+    """The step of one served prompt: the engine's prompt ids when it returned them (what the target saw), and the
+    response ids of :func:`served_response_ids`."""
+    prompt_ids, prompt = item.ids, item.text
+    if completion.prompt_ids is not None and list(completion.prompt_ids) != item.ids:
+        logger.warning_once("The server renders some prompts differently from the target tokenizer's chat template; "
+                            "their records keep the engine's prompt ids (what the target saw).")
+        prompt_ids = list(completion.prompt_ids)
+        prompt = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    response, source = served_response_ids(completion, tokenizer, eos_ids, end_id, args.reasoning)
+    if response is None:
+        return [], [{"index": item.index, "reason": source}], 1
+    return sample_record(item.index, prompt_ids, response, completion.finished, prompt, tokenizer, args.min_tokens,
+                         token_ids_from=source)
+
+
+def served_response_ids(completion: Completion, tokenizer, eos_ids: set[int], end_id: int | None,
+                        reasoning: str = "keep") -> tuple[list[int] | None, str]:
+    """``(response ids, "engine" | "retokenized")``, or ``(None, why)`` when the reply cannot make a record.
+
+    The engine's ids are used as returned (cut after the first EOS; the EOS added when the engine stopped on one
+    but left it out). Without them, or when ``reasoning="drop"`` and the engine split reasoning off, the answer's
+    text is tokenized with the target tokenizer, kept only when it decodes back to the same text, and ends with
+    ``end_id`` when the response finished. Reasoning split off a reply without ids cannot be put back token for
+    token: such a reply is dropped under ``reasoning="keep"``.
+
+    Example:
+        >>> served_response_ids(Completion("Hi", True, response_ids=[7, 8, 2]), tokenizer, {2}, 2)  # doctest: +SKIP
+        ([7, 8, 2], 'engine')
+    """
+    if completion.response_ids is not None and not (completion.reasoning and reasoning == "drop"):
+        ids, stopped = response_token_ids(list(completion.response_ids), eos_ids)
+        return ids + ([end_id] if completion.finished and not stopped and end_id is not None else []), "engine"
+    if completion.reasoning and reasoning == "keep":
+        logger.warning_once("The server split reasoning off its replies and returned no token ids: those replies are "
+                            "dropped. Serve with return_token_ids (vLLM), without a reasoning parser, or pass "
+                            "--reasoning drop.")
+        return None, "reasoning_without_token_ids"
+    ids = tokenizer(completion.content, add_special_tokens=False)["input_ids"]
+    if tokenizer.decode(ids, skip_special_tokens=False) != completion.content:
+        return None, "retokenize_round_trip"
+    return ids + ([end_id] if completion.finished and end_id is not None else []), "retokenized"
