@@ -47,19 +47,17 @@ class Machine:
 MACHINES = {"linear": Machine(), "cpu_gemv_step": Machine(per_row=0.0005, step=0.0045)}
 
 
-PLAIN_SECONDS = TOKENS * Machine().t1  # how long plain decoding takes on the quiet machine
-
-
 def noise_profiles():
-    """name -> factor(now, width, samples of that width so far): the machine's slowdown at simulated time `now`."""
-    third = PLAIN_SECONDS / 3
+    """name -> factor(now, done, width, samples of that width so far): the machine's slowdown at simulated time `now`,
+    with the fraction `done` of the tokens committed (a machine that changes mid-run does so a third of the way
+    through every run, fast or slow)."""
     return {
-        "quiet": lambda now, width, n: 1.0,
-        "spikes": lambda now, width, n: 4.0 if int(now * 50) % 23 == 0 else 1.0,  # 4x slow ~4% of the time
-        "first_plain_sample_5x": lambda now, width, n: 5.0 if width == 1 and n == 0 else 1.0,
-        "drift": lambda now, width, n: 1.0 + now / PLAIN_SECONDS,  # 2x slower by the end of a plain run
-        "gets_slower": lambda now, width, n: 1.0 if now < third else 2.0,
-        "gets_faster": lambda now, width, n: 2.0 if now < third else 1.0,
+        "quiet": lambda now, done, width, n: 1.0,
+        "spikes": lambda now, done, width, n: 4.0 if int(now * 50) % 23 == 0 else 1.0,  # 4x slow ~4% of the time
+        "first_plain_sample_5x": lambda now, done, width, n: 5.0 if width == 1 and n == 0 else 1.0,
+        "drift": lambda now, done, width, n: 1.0 + done,  # 2x slower by the end
+        "gets_slower": lambda now, done, width, n: 1.0 if done < 1 / 3 else 2.0,
+        "gets_faster": lambda now, done, width, n: 2.0 if done < 1 / 3 else 1.0,
     }
 
 
@@ -73,9 +71,9 @@ def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machin
     while tokens < TOKENS:
         k = choose()
         width = gemm_friendly_rows(k + 1, CPU)
-        verify = machine.verify(width) * noise(now, width, samples[width])
+        verify = machine.verify(width) * noise(now, tokens / TOKENS, width, samples[width])
         samples[width] += 1
-        draft = machine.draft * noise(now, 0, 0) if k else None
+        draft = machine.draft * noise(now, tokens / TOKENS, 0, 0) if k else None
         accepted = 0
         while accepted < k and rng.random() < rate:
             accepted += 1
@@ -117,7 +115,7 @@ def test_a_stale_table_from_a_loaded_machine_does_not_stick(drafter):
     """An earlier call measured everything 3x slower (another job was running); this call runs on a quiet machine
     with the same target, so it starts from that table."""
     target, rate = FakeTarget(), DRAFTERS[drafter]
-    policy_speed(lambda now, width, n: 3.0 if width == 1 else 1.0, rate, target=target)  # t(1) inflated only
+    policy_speed(lambda now, done, width, n: 3.0 if width == 1 else 1.0, rate, target=target)  # t(1) inflated only
     quiet = noise_profiles()["quiet"]
     fixed = fixed_speeds(quiet, rate)
     assert policy_speed(quiet, rate, target=target, seed=1) >= 0.95 * max(fixed)
