@@ -19,6 +19,7 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
         with open(info_file, encoding="utf-8") as f:
             info = json.load(f)
     variant = "DFlare" if getattr(config, "is_dflare", False) else "DFlash"
+    variant = "DFlash2" if getattr(config, "selector_top_k", None) else variant
     # the config's Hub id (save_pretrained sets it, from training_info when needed), never a local folder
     target = getattr(config, "target_name_or_path", None) or "unknown"
     repo_id = getattr(drafter, "hub_repo_id", None) or info.get("repo_id") or (os.path.basename(os.path.normpath(save_directory)) if save_directory else "")
@@ -27,7 +28,7 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
         "title": f"{variant} drafter for {target}",
         "variant": variant,
         "variant_tag": variant.lower(),
-        "engine_method": variant.lower(),
+        "engine_method": "dflash" if variant == "DFlash2" else variant.lower(),  # vLLM: by architecture
         "target": target,
         "repo_id": repo_id or "path/to/this/drafter",
         "license": info.get("license", "apache-2.0"),
@@ -54,6 +55,9 @@ SERVING_NOTES = {
     "DFlare": "vLLM 0.32 cannot serve this drafter: it has no DFlare architecture (`QwenDFlareDraftModel`: one "
               "context per drafter layer and separate context K/V projections) and refuses it at load. hf-dflash "
               "serves it with `generate()`; the commands below are for engines that add DFlare.\n\n",
+    "DFlash2": "vLLM serves DFlash2 with `method: \"dflash\"` (it picks its DFlash2 speculator by the architecture, in "
+               "its V2 model runner, which needs Triton: GPUs); keep `num_speculative_tokens` = block size - 1, since "
+               "its convolutions take the block size from it.\n\n",
 }
 
 

@@ -106,6 +106,8 @@ def test_saved_folder_is_the_published_layout(saved, drafter):
     assert weights["candidate_selector.hidden_projection.weight"].shape == (8, hidden)
     assert "embed_tokens.weight" not in weights and "lm_head.weight" not in weights  # shared with the target
     assert {"modeling_dflash2.py", "configuration_dflash2.py", "modeling_dflash.py"} <= {p.name for p in saved.iterdir()}
+    card = (saved / "README.md").read_text()
+    assert "# DFlash2 drafter" in card and '"method": "dflash"' in card and "num_speculative_tokens" in card
 
 
 @pytest.mark.parametrize("loader", [DFlashDraftModel, DFlash2DraftModel, AutoModel])
