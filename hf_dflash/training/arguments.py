@@ -20,7 +20,7 @@ logger = logging.get_logger(__name__)
 GAMMA_SCHEDULES = ("constant", "per-epoch", "linear")
 
 
-VARIANTS = ("dflash", "dflare")
+VARIANTS = ("dflash", "dflare", "dflash2")
 
 
 POSITION_WEIGHTINGS = ("fixed", "acceptance")
@@ -75,7 +75,8 @@ class DFlashTrainingArguments:
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     gamma: float | None = field(default=None, metadata={"help": "Loss decay gamma (default: 7 @ B=16, 5 @ 10, 4 @ 8)."})
     variant: str = field(default="dflash", metadata={
-        "help": "dflash, or dflare: layer-wise feature fusion + split context K/V + progressive gamma.",
+        "help": "dflash, or dflare: layer-wise feature fusion + split context K/V + progressive gamma, or dflash2: "
+                "dynamic convolutions + a candidate selector trained on the true path (training/loss.py).",
         "choices": VARIANTS})
     layer_fusion: bool = field(default=False, metadata={"help": "DFlare layer-wise feature fusion (ablation: alone)."})
     split_context_kv: bool = field(default=False, metadata={

@@ -11,6 +11,7 @@ from transformers import get_cosine_schedule_with_warmup
 from transformers.utils import logging
 
 from ..modeling_dflash import DFlashDraftModel
+from ..modeling_dflash2 import DFlash2DraftModel
 from ..models import load_target
 from .arguments import DFlashTrainingArguments
 from .loss import Objective
@@ -99,7 +100,8 @@ def drafter_to_train(args: DFlashTrainingArguments, target, attn_implementation:
 
     Raises a ValueError for target layer ids the target does not have, or an --init-drafter of another architecture.
     """
-    drafter = DFlashDraftModel.from_target(
+    drafter_class = DFlash2DraftModel if args.variant == "dflash2" else DFlashDraftModel
+    drafter = drafter_class.from_target(
         target, num_hidden_layers=args.num_layers, block_size=args.block_size,
         target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
     )

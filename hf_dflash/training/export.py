@@ -18,7 +18,7 @@ from transformers.utils import logging
 
 from ..data import load_prompts, prompt_text, prompt_token_ids
 from ..evaluation.acceptance import measure_acceptance_length
-from ..modeling_dflash import DFlashDraftModel
+from ..modeling_dflash import VARIANTS, DFlashDraftModel
 from ..models import target_display_name
 from .arguments import RUN_ARGS_FILE, DFlashTrainingArguments
 from .curves import CURVES_FILE, LOG_FILE, plot_training_curves, read_log
@@ -58,7 +58,8 @@ def inference_drafter(config, state_dict: dict[str, torch.Tensor], target,
     """A drafter ready for inference from the full (gathered) weights: the target's dtype and device, sdpa
     attention, eval mode, restricted to `draft_vocab` when given (with the target's LM head rows for those tokens as
     its draft head: the layout vLLM serves). Built afresh because a sharded (FSDP) model cannot simply be copied."""
-    drafter = DFlashDraftModel(copy.deepcopy(config))
+    drafter_class = VARIANTS.get((config.architectures or [""])[0], DFlashDraftModel)  # DFlash2 by its architecture
+    drafter = drafter_class(copy.deepcopy(config))
     drafter.load_state_dict(state_dict, strict=True)
     drafter.config._attn_implementation = "sdpa"  # training may have used flex masks; inference passes none
     if draft_vocab is not None:

@@ -205,6 +205,10 @@ def block_diffusion_loss(drafter, embed_tokens, lm_head, features: torch.Tensor,
     weighted_ce = (ce * weight).sum()
     token_loss = ce if kl is None else (1 - objective.distill_weight) * ce + objective.distill_weight * kl
     loss = (token_loss * weight).sum() / weight.sum().clamp_min(1e-6)
+    model = getattr(drafter, "module", drafter)  # DDP wraps the drafter
+    if getattr(model, "candidate_selector", None) is not None:  # DFlash2: the selector learns the true path too
+        path_ce = selector_path_losses(model, lm_head, drafts, batch, chunk_size)
+        loss = loss + (path_ce * weight).sum() / weight.sum().clamp_min(1e-6)
     valid = batch.block_valid
     if objective.acceptance_weight > 0:
         log_p = torch.zeros(supervised.shape, dtype=ce.dtype, device=ce.device).masked_scatter(supervised, -ce)
@@ -227,6 +231,42 @@ def block_diffusion_loss(drafter, embed_tokens, lm_head, features: torch.Tensor,
         num_blocks=valid.sum().float(),
         reached=(before & supervised).sum(dim=(0, 1)).float(),
     )
+
+
+def selector_path_losses(model, lm_head, drafts: torch.Tensor, batch: BlockBatch, chunk_size: int) -> torch.Tensor:
+    """DFlash2: per supervised draft position, the cross-entropy of the true token under the walk's row after the
+    true previous token, softmax(S[d, i*_{d-1}, :]) (i* = the labels' candidate indices; the anchor's row at d = 1).
+
+    z-lab and Inco AI published no training code; this is the closest recipe public code supports: train the
+    selector on the path the target wrote (teacher forcing, as the token loss trains the drafts), with candidates as
+    at inference, the top `selector_top_k` tokens of the LM head (taken without gradient), except that a label
+    outside them replaces the last one (so the true path always exists). `drafts` [b, A, B-1, H] are the drafter's
+    final states at the draft positions; returns the losses of ``batch.labels != IGNORE_INDEX``, in its order.
+    """
+    b, num_blocks, steps = batch.labels.shape
+    labels = batch.labels.reshape(b * num_blocks, steps)
+    hidden = drafts.reshape(b * num_blocks, steps, -1)
+    supervised = labels != IGNORE_INDEX
+    with torch.no_grad():
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        candidates = torch.cat([head_logits(lm_head, rows[i : i + chunk_size]).topk(model.config.selector_top_k).indices
+                                for i in range(0, rows.shape[0], chunk_size)]).view(*labels.shape, -1)
+        truth = labels.clamp_min(0)[..., None]
+        missing = ~(candidates == truth).any(-1, keepdim=True)
+        candidates[..., -1:] = torch.where(missing, truth, candidates[..., -1:])
+        index = (candidates == truth).long().argmax(-1)  # [N, steps]: the label's place among the candidates
+    z = (hidden[..., None, :].to(lm_head.weight.dtype) * lm_head.weight[candidates]).sum(-1).float()
+    config = model.config
+    unary = z * config.output_multiplier
+    if config.final_logit_softcapping:
+        unary = torch.tanh(unary / config.final_logit_softcapping) * config.final_logit_softcapping
+    anchors = batch.block_ids.view(b * num_blocks, steps + 1)[:, 0]
+    edges = model.edge_scores(candidates, unary, hidden, anchors)  # [N, steps, K, K]
+    previous = torch.cat([torch.zeros_like(index[:, :1]), index[:, :-1]], dim=1)
+    chosen_rows = edges.gather(2, previous[..., None, None].expand(-1, -1, 1, edges.shape[-1]))[:, :, 0]
+    ce = F.cross_entropy(chosen_rows.reshape(-1, chosen_rows.shape[-1]), index.reshape(-1), reduction="none")
+    on_path = supervised.long().cumprod(dim=-1).bool()  # every label before it supervised: the true path is known
+    return (ce.view_as(labels) * on_path)[supervised]
 
 
 def head_logits(lm_head, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
