@@ -124,8 +124,9 @@ class DFlashCandidateGenerator(CandidateGenerator):
         room = None if self.max_length is None else self.max_length - min(len(h) for h in histories) - 1
         if self.policy is not None:
             if self.lookup_tokens and len(histories) == 1:
-                lookup, size = prompt_lookup_match(histories[0], self.lookup_tokens, self.lookup_ngram,
-                                                   min(2, self.lookup_ngram))  # a lone token's match rarely holds
+                # down to one-token matches, as transformers' prompt lookup: the policy keeps acceptance per matched
+                # size, so on text where they do not hold they stop being verified (on AIME some copy 10 tokens)
+                lookup, size = prompt_lookup_match(histories[0], self.lookup_tokens, self.lookup_ngram)
                 lookup = lookup if room is None else lookup[: max(room, 0)]
             chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size)
             if chosen == 0 or from_lookup or not self.full_blocks:

@@ -231,14 +231,16 @@ class CostAwarePolicy:
     def lookup_rates(self, size: int, length: int) -> list[float]:
         """Acceptance rates by depth of lookup continuations found by an n-gram of `size`, for `length` depths, from
         a sceptical 1/4 prior (most text does not repeat; a drafter that has been right must not lose its cycles to
-        a lookup). A source not tried lately (less than half an observation left after fading) is rated
-        optimistically over a few depths: one short try tells whether this text copies itself."""
+        a lookup). Depths never verified yet take the deepest measured one's rate, as :func:`_rates` does (a copied
+        passage that held for 4 tokens tends to hold on; a 1/4 there kept lookups at their trial length for good). A
+        source not tried lately (less than half an observation left after fading) is rated optimistically over a
+        few depths: one short try tells whether this text copies itself."""
         reached = self.lookup_reached.get(size, [])
         if not reached or reached[0] < 0.5:
             rate, depths = self.LOOKUP_TRIAL
             return [rate] * min(length, depths)
         rates = _rates(self.lookup_accepted.get(size, []), reached, prior=0.25)[:length]
-        return rates + [0.25] * (length - len(rates))
+        return rates + rates[-1:] * (length - len(rates))
 
     def observe_acceptance(self, num_drafts: int, accepted: list[int], lookup_size: int = 0) -> None:
         """Count one verification of `num_drafts` drafts per row (`accepted`: accepted drafts per row); from the

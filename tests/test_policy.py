@@ -198,6 +198,19 @@ def test_lookup_drafts_win_where_they_are_accepted_and_give_way_where_they_are_n
     assert not any(choices[:40]) and any(choices), "a failing lookup must give way, then be tried again"
 
 
+def test_lookups_that_hold_grow_past_their_trial_length(monkeypatch):
+    """A copied passage accepted in full at the trial's length must be verified longer next time: depths not verified
+    yet take the deepest measured depth's rate (a fixed 1/4 there kept every lookup at the trial's 4 drafts)."""
+    policy = policy_with(monkeypatch, {1: 0.010, 2: 0.0145, 16: 0.022}, draft=0.004, rate=0.1)
+    chosen = []
+    for _ in range(12):
+        k, from_lookup = policy.choose(1, "cpu", lookup_length=10, lookup_size=2)
+        if from_lookup:
+            policy.observe_acceptance(k, [k], lookup_size=2)  # every lookup draft held
+        chosen.append(k if from_lookup else None)
+    assert chosen[-1] == 10, chosen
+
+
 def forced_lookups(monkeypatch):
     """Every cycle with a lookup continuation on offer verifies all of it; the drafter drafts full blocks otherwise."""
     def choose(self, batch, device, lookup_length=0, lookup_size=0):
