@@ -29,6 +29,7 @@ from transformers import (
 )
 from transformers.utils import logging
 
+from .checkpoint_dflash import hub_id_of
 from .modeling_dflash import DFlashDraftModel
 from .wheels import cache_dir, downloaded_wheel, extracted_member
 
@@ -250,6 +251,31 @@ def target_display_name(name_or_path: str | None) -> str:
     if name_or_path is None or str(name_or_path).lower() in SMOLLM2_ALIASES:
         return SMOLLM2_HUB_ID
     return str(name_or_path)
+
+
+def portable_name(name_or_path: str | os.PathLike | None) -> str:
+    """How reports name a model without this machine's paths: its Hub id where one is known (the offline SmolLM2
+    copy: the id it is a copy of), a path inside this package relative to its parent (the shipped drafter), else the
+    folder's own name.
+
+    Example:
+        >>> portable_name("/root/.cache/hf_dflash/models/SmolLM2-135M-Instruct"), portable_name(DEMO_DRAFTER_DIR)
+        ('HuggingFaceTB/SmolLM2-135M-Instruct', 'hf_dflash/assets/smollm2-dflash')
+        >>> portable_name("/data/runs/my-drafter"), portable_name("Qwen/Qwen3-8B")
+        ('my-drafter', 'Qwen/Qwen3-8B')
+    """
+    if name_or_path is None or str(name_or_path).lower() in SMOLLM2_ALIASES:
+        return SMOLLM2_HUB_ID
+    hub_id = hub_id_of(name_or_path)
+    if hub_id is not None:
+        return hub_id
+    path = Path(name_or_path)
+    if path.name == SMOLLM2_FOLDER_NAME:
+        return SMOLLM2_HUB_ID
+    package = Path(__file__).resolve().parent
+    if path.resolve().is_relative_to(package):
+        return path.resolve().relative_to(package.parent).as_posix()
+    return path.name
 
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:

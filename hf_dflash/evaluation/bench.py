@@ -44,7 +44,7 @@ from ..data.chat import chat_input_ids, left_padded_batch
 from ..generation_dflash import builtin_generation
 from ..policy_dflash import synchronized_clock
 from ..stats_dflash import DFlashStats
-from ..models import pad_token_id
+from ..models import pad_token_id, portable_name
 from .acceptance import acceptance_histogram, pooled_acceptance_by_position
 from .prompts import DATASET_LICENSES
 
@@ -385,9 +385,10 @@ def run_benchmark(
             report["results"][name] = summary_of(subset, methods)
     if results:
         report["results"]["overall"] = summary_of(results, methods)
-    report["config"] = {
-        "target": getattr(target.config, "_name_or_path", "") or type(target).__name__,
-        "drafter": (getattr(drafter.config, "_name_or_path", "") or "untrained") if drafter is not None else None,
+    drafter_name = None if drafter is None else getattr(drafter.config, "_name_or_path", "") or "untrained"
+    report["config"] = {  # names without this machine's paths
+        "target": portable_name(getattr(target.config, "_name_or_path", "") or type(target).__name__),
+        "drafter": None if drafter_name is None else portable_name(drafter_name),
         "block_size": drafter.config.block_size if drafter is not None else None,
         "device": str(device),
         "dtype": str(target.dtype).removeprefix("torch."),
