@@ -273,8 +273,10 @@ class CostAwarePolicy:
         self.cycles += 1
         self._fade_lookup(lookup_size)
         self._remember()
-        if self.cycles == 1 or table.draft is None or max(table.verify, default=0) < width(self.most + 1):
-            return self.most, False  # a call starts with a full block: its costs (once) and this drafter's acceptance
+        # a call starts with a full block: its costs (once: widths forgotten since are re-measured only when chosen,
+        # else every short call would pay for one) and this drafter's acceptance
+        if self.cycles == 1 or table.draft is None or max(table.verify_samples, default=0) < width(self.most + 1):
+            return self.most, False
         if table.age(1) is None:
             return 0, False  # measure a plain step once: one token at plain speed
         drafting = best_draft_count(self.acceptance_rates(), lambda k: table.draft + table.verify_seconds(width(k + 1)))
