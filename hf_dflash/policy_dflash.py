@@ -205,6 +205,9 @@ class CostAwarePolicy:
     REFRESH = 64  # drafting cycles between two measurements of each end of the cost curve (t(1), a full block)
     MEMORY = 0.99  # each verification ages the counts of its source by this factor (about the last 100 count)
     LOOKUP_TRIAL = (0.7, 4)  # a fresh lookup source's optimistic acceptance rate, over this many depths at most
+    CALL_PRIOR = 2.0  # the most verifications what earlier calls learned of acceptance counts as in a new call
+    CALL_PROBE = 4  # a new call probes the drafter after this many plain steps at most
+    PROBE_DRAFTS = 2  # a probe verifies at least this many drafts
 
     REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
                   "lookup_accepted", "tree_expected", "tree_accepted")
@@ -222,6 +225,19 @@ class CostAwarePolicy:
         self.memory = memory if memory is not None else {}
         if self.memory.get("most") == most:
             self.__dict__.update(copy.deepcopy(self.memory["state"]))
+            self._start_call()
+
+    def _start_call(self) -> None:
+        # What earlier calls learned of the drafter's acceptance is a prior for this one, worth at most CALL_PRIOR
+        # verifications: acceptance is a property of the text as much as of the drafter (the SmolLM2 drafter's
+        # tau is ~1.5 on GSM8K, ~1.15 on MT-Bench), and ~100 remembered cycles took most of a short call to outvote.
+        # Plain steps probe again after CALL_PROBE (a backoff grown to 64 on one text kept a short call on the next
+        # from ever drafting). Lookup counts stay: they fade with every cycle that offers a lookup, so a text that
+        # copies itself gets its trial anyway, and a shrunken record would only delay it.
+        scale = min(1.0, self.CALL_PRIOR / max(self.reached[0], 1e-9))
+        _decay(self.reached, scale)
+        _decay(self.accepted, scale)
+        self.plain_streak, self.probe_after = 0, min(self.probe_after, self.CALL_PROBE)
 
     def _remember(self) -> None:
         self.memory.update(most=self.most, state={name: getattr(self, name) for name in self.REMEMBERED})
@@ -301,7 +317,7 @@ class CostAwarePolicy:
         if self.plain_streak < self.probe_after:
             return 0, False
         self.plain_streak, self.probe_after = 0, min(64, 2 * self.probe_after)
-        return drafting[0], False
+        return max(drafting[0], self.PROBE_DRAFTS), False
 
     def observe_costs(self, batch: int, device, width: int, target_seconds: float,
                       draft_seconds: float | None = None) -> None:

@@ -65,15 +65,17 @@ def noise_profiles():
 DRAFTERS = {"weak": 0.1, "shipped": 0.3, "medium": 0.55, "oracle": 0.97}
 
 
-def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machine = Machine()) -> float:
-    """Tokens per simulated second of `choose()` -> k drafts per cycle until TOKENS tokens are committed."""
-    rng, now, tokens, samples = random.Random(seed), 0.0, 0, collections.Counter()
-    while tokens < TOKENS:
+def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machine = Machine(),
+             tokens: int = TOKENS) -> float:
+    """Tokens per simulated second of `choose()` -> k drafts per cycle until `tokens` tokens are committed."""
+    rng, now, total, samples = random.Random(seed), 0.0, tokens, collections.Counter()
+    tokens = 0
+    while tokens < total:
         k = choose()
         width = gemm_friendly_rows(k + 1, CPU)
-        verify = machine.verify(width) * noise(now, tokens / TOKENS, width, samples[width])
+        verify = machine.verify(width) * noise(now, tokens / total, width, samples[width])
         samples[width] += 1
-        draft = machine.draft * noise(now, tokens / TOKENS, 0, 0) if k else None
+        draft = machine.draft * noise(now, tokens / total, 0, 0) if k else None
         accepted = 0
         while accepted < k and rng.random() < rate:
             accepted += 1
@@ -93,8 +95,8 @@ def policy_speed(noise, rate: float, target=None, seed: int = 0, machine: Machin
     return simulate(lambda: policy.choose(1, CPU)[0], observe, noise, rate, seed, machine)
 
 
-def fixed_speeds(noise, rate: float, seed: int = 0, machine: Machine = Machine()) -> list[float]:
-    return [simulate(lambda: k, lambda *_: None, noise, rate, seed, machine) for k in range(MOST + 1)]
+def fixed_speeds(noise, rate: float, seed: int = 0, machine: Machine = Machine(), tokens: int = TOKENS) -> list[float]:
+    return [simulate(lambda: k, lambda *_: None, noise, rate, seed, machine, tokens) for k in range(MOST + 1)]
 
 
 @pytest.mark.parametrize("machine", MACHINES)
@@ -135,3 +137,38 @@ def test_the_harness_catches_a_policy_locked_by_one_bad_sample(monkeypatch):
     monkeypatch.setattr(policy_dflash.CostAwarePolicy, "REFRESH", 10**9)
     noise, rate = noise_profiles()["first_plain_sample_5x"], DRAFTERS["weak"]
     assert policy_speed(noise, rate) < 0.95 * fixed_speeds(noise, rate)[0]
+
+
+def short_calls_speed(earlier: str, later: str, machine: Machine, calls: int = 6, tokens: int = 64) -> list[float]:
+    """Tokens per simulated second of `calls` short generate() calls with a drafter accepting at the `later` rate,
+    after four calls at the `earlier` rate (another text: what the drafter's memory carries into the later calls)."""
+    target, memory, quiet = FakeTarget(), {}, noise_profiles()["quiet"]
+
+    def call(rate, seed):
+        policy = CostAwarePolicy(target, MOST, memory=memory)  # as generate() makes one per call
+
+        def observe(k, width, verify, draft, accepted):
+            policy.observe_costs(1, CPU, width, verify, draft)
+            policy.observe_acceptance(k, [accepted])
+
+        return simulate(lambda: policy.choose(1, CPU)[0], observe, quiet, rate, seed, machine, tokens=tokens)
+
+    for seed in range(4):
+        call(DRAFTERS[earlier], seed)
+    return [call(DRAFTERS[later], 10 + seed) for seed in range(calls)]
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+@pytest.mark.parametrize("earlier, later", [("oracle", "weak"), ("medium", "weak"), ("weak", "oracle"),
+                                            ("weak", "medium"), ("oracle", "medium")])
+def test_short_calls_follow_their_own_text_not_the_last_one(earlier, later, machine):
+    """The bench's shape: 64-token calls, one dataset after another. What the drafter's memory learned on an earlier
+    text must not keep drafting going on a text where it fails (MT-Bench after GSM8K), nor keep a short call on a
+    text where it shines from ever drafting (a probing backoff grown on the earlier text)."""
+    machine = MACHINES[machine]
+    speeds = short_calls_speed(earlier, later, machine)
+    speed = len(speeds) / sum(1.0 / s for s in speeds)  # equal tokens per call
+    fixed = fixed_speeds(noise_profiles()["quiet"], DRAFTERS[later], machine=machine, tokens=64 * len(speeds))
+    assert speed >= 0.85 * max(fixed), f"{speed:.1f} tok/s vs {max(fixed):.1f} with k={fixed.index(max(fixed))}"
+    if later == "weak":
+        assert speed >= 0.9 * fixed[0], f"{speed:.1f} tok/s vs plain {fixed[0]:.1f}"
