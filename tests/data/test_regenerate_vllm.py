@@ -4,7 +4,8 @@
 Opt-in: ``HF_DFLASH_VLLM_CHECK=1`` and a vLLM venv (``$VLLM_VENV``, else the one benchmarks/vllm_check.sh creates;
 ``bash benchmarks/vllm_check.sh --print-venv`` names it). Starts vLLM's OpenAI server on the offline SmolLM2 in fp32
 (~2 minutes here), regenerates 4 greedy prompts in-process and through the server, and checks that the server's
-records carry the engine's token ids, equal to the in-process ones, and make training samples.
+records carry the engine's token ids, equal to the in-process ones, and that `hf-dflash train` trains a drafter on
+the server-made file (a few steps, the CLI a user runs).
 """
 
 import json
@@ -54,3 +55,15 @@ def test_regenerate_on_a_vllm_server_writes_the_in_process_records(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     samples = load_training_samples(tmp_path / "work" / "server.jsonl", max_length=4096, min_response_tokens=1)
     assert len(samples) == 4
+    output = tmp_path / "drafter"
+    trained = subprocess.run(
+        [sys.executable, "-m", "hf_dflash", "train", "--target", "smollm2", "--data",
+         str(tmp_path / "work" / "server.jsonl"), "--output", str(output), "--num-layers", "1", "--block-size", "8",
+         "--max-steps", "4", "--num-anchors", "8", "--batch-size", "1", "--eval-split", "0", "--num-eval-prompts",
+         "0", "--save-every", "0", "--logging-steps", "1", "--train-vocab-size", "2048"],
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, capture_output=True, text=True,
+        timeout=900)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    steps = [json.loads(line) for line in (output / "training_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert (output / "model.safetensors").exists() and (output / "config.json").exists()
