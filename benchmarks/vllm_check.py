@@ -76,8 +76,8 @@ KINDS = (
     Kind("smollm2-full-vocab", SMOLLM2, "shipped drafter re-saved after set_draft_vocabulary(None)"),
     Kind("smollm2-sliding", SMOLLM2, f"shipped drafter, its layer as sliding_attention (window {SMOLLM2_WINDOW}), "
          "whole vocabulary"),
-    Kind("smollm2-as-committed", SMOLLM2, "shipped folder as committed (d2t, no draft lm_head: the old layout)",
-         control=True),
+    Kind("smollm2-as-committed", SMOLLM2, "shipped folder as committed (d2t + draft lm_head rows: re-saved in the "
+         "EAGLE-3 layout on 2026-12-02; before that d2t alone, which vLLM misread: tau 1.004)"),
     Kind("tiny-llama-dflash", "tiny-llama", "random 2-layer DFlash drafter, Llama target"),
     Kind("tiny-llama-draft-vocab", "tiny-llama",
          "random 2-layer drafter, a 1,024-token draft vocabulary (the 4 live tokens among them)"),
@@ -238,7 +238,7 @@ def build_drafter(kind: Kind, target, workdir: Path) -> Path:
     if kind.target == SMOLLM2:
         drafter = DFlashDraftModel.from_pretrained(DEMO_DRAFTER_DIR)
         drafter.config.target_name_or_path = SMOLLM2_HUB_ID
-        if kind.name == "smollm2-draft-vocab":  # the old layout's d2t, now with the target's rows as its own head
+        if kind.name == "smollm2-draft-vocab":  # its d2t, with the target's rows as its own head (saved again)
             drafter.set_draft_vocabulary(drafter.draft_token_ids(), lm_head=target.get_output_embeddings())
         else:
             drafter.set_draft_vocabulary(None)
