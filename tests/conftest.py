@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import random
+import socket
 import zipfile
 from pathlib import Path
 
@@ -545,6 +546,13 @@ def save_tiny_target(folder: Path, seed: int = 0) -> Path:
     make_silent_target(seed).save_pretrained(folder)
     make_char_tokenizer().save_pretrained(folder)
     return folder
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (servers and refused-connection URLs in tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_prompts(path: Path, count: int = 24) -> Path:

@@ -66,10 +66,9 @@ DRAFTERS = {"weak": 0.1, "shipped": 0.3, "medium": 0.55, "oracle": 0.97}
 
 
 def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machine = Machine(),
-             tokens: int = TOKENS) -> float:
-    """Tokens per simulated second of `choose()` -> k drafts per cycle until `tokens` tokens are committed."""
-    rng, now, total, samples = random.Random(seed), 0.0, tokens, collections.Counter()
-    tokens = 0
+             total: int = TOKENS) -> float:
+    """Tokens per simulated second of `choose()` -> k drafts per cycle until `total` tokens are committed."""
+    rng, now, tokens, samples = random.Random(seed), 0.0, 0, collections.Counter()
     while tokens < total:
         k = choose()
         width = gemm_friendly_rows(k + 1, CPU)
@@ -85,18 +84,21 @@ def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machin
     return tokens / now
 
 
-def policy_speed(noise, rate: float, target=None, seed: int = 0, machine: Machine = Machine()) -> float:
-    policy = CostAwarePolicy(target if target is not None else FakeTarget(), MOST)
+def policy_speed(noise, rate: float, target=None, seed: int = 0, machine: Machine = Machine(),
+                 memory: dict | None = None, total: int = TOKENS) -> float:
+    """Tokens per simulated second of one generate() call under the policy (`memory`: the drafter's, from earlier
+    calls)."""
+    policy = CostAwarePolicy(target if target is not None else FakeTarget(), MOST, memory=memory)
 
     def observe(k, width, verify, draft, accepted):  # what generate() feeds it after each cycle
         policy.observe_costs(1, CPU, width, verify, draft)
         policy.observe_acceptance(k, [accepted])
 
-    return simulate(lambda: policy.choose(1, CPU)[0], observe, noise, rate, seed, machine)
+    return simulate(lambda: policy.choose(1, CPU)[0], observe, noise, rate, seed, machine, total)
 
 
-def fixed_speeds(noise, rate: float, seed: int = 0, machine: Machine = Machine(), tokens: int = TOKENS) -> list[float]:
-    return [simulate(lambda: k, lambda *_: None, noise, rate, seed, machine, tokens) for k in range(MOST + 1)]
+def fixed_speeds(noise, rate: float, seed: int = 0, machine: Machine = Machine(), total: int = TOKENS) -> list[float]:
+    return [simulate(lambda: k, lambda *_: None, noise, rate, seed, machine, total) for k in range(MOST + 1)]
 
 
 @pytest.mark.parametrize("machine", MACHINES)
@@ -144,14 +146,8 @@ def short_calls_speed(earlier: str, later: str, machine: Machine, calls: int = 6
     after four calls at the `earlier` rate (another text: what the drafter's memory carries into the later calls)."""
     target, memory, quiet = FakeTarget(), {}, noise_profiles()["quiet"]
 
-    def call(rate, seed):
-        policy = CostAwarePolicy(target, MOST, memory=memory)  # as generate() makes one per call
-
-        def observe(k, width, verify, draft, accepted):
-            policy.observe_costs(1, CPU, width, verify, draft)
-            policy.observe_acceptance(k, [accepted])
-
-        return simulate(lambda: policy.choose(1, CPU)[0], observe, quiet, rate, seed, machine, tokens=tokens)
+    def call(rate, seed):  # a new policy per call, as generate() makes one, with the drafter's memory
+        return policy_speed(quiet, rate, target, seed, machine, memory=memory, total=tokens)
 
     for seed in range(4):
         call(DRAFTERS[earlier], seed)
@@ -168,7 +164,7 @@ def test_short_calls_follow_their_own_text_not_the_last_one(earlier, later, mach
     machine = MACHINES[machine]
     speeds = short_calls_speed(earlier, later, machine)
     speed = len(speeds) / sum(1.0 / s for s in speeds)  # equal tokens per call
-    fixed = fixed_speeds(noise_profiles()["quiet"], DRAFTERS[later], machine=machine, tokens=64 * len(speeds))
+    fixed = fixed_speeds(noise_profiles()["quiet"], DRAFTERS[later], machine=machine, total=64 * len(speeds))
     assert speed >= 0.85 * max(fixed), f"{speed:.1f} tok/s vs {max(fixed):.1f} with k={fixed.index(max(fixed))}"
     if later == "weak":
         assert speed >= 0.9 * fixed[0], f"{speed:.1f} tok/s vs plain {fixed[0]:.1f}"

@@ -9,14 +9,13 @@ engine: tests/data/test_regenerate_vllm.py (slow).
 
 import importlib
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_target, write_prompts
+from conftest import free_port, save_tiny_target, write_prompts
 from transformers import AutoTokenizer
 
 from hf_dflash.cli import main
@@ -229,9 +228,7 @@ def test_token_ids_from_the_engine_else_retokenized(tmp_path, target_dir, tokeni
 
 
 def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def test_unreachable_server_or_another_model_fails_before_any_work(tmp_path, target_dir, engines):

@@ -11,7 +11,6 @@ tokenizer's own split of that text (not always: see the last assertion).
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 from hf_dflash.data import RegenerationArguments, regenerate
 from hf_dflash.models import smollm2_folder
@@ -36,9 +36,7 @@ PROMPTS = ["Write a Python function that reverses a string.", "What is 17 times 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A `transformers serve` process preloading SmolLM2 on a free port; its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     command = [str(Path(sys.executable).parent / "transformers"), "serve", "--host", "127.0.0.1", "--port", str(port),
                str(smollm2_folder())]

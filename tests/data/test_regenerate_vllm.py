@@ -40,10 +40,11 @@ pytestmark = [
 
 def test_regenerate_on_a_vllm_server_writes_the_in_process_records(tmp_path):
     report_file = tmp_path / "report.json"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "regenerate_server.py"), "--vllm-python", str(vllm_python()),
          "--limit", "4", "--max-new-tokens", "32", "--workdir", str(tmp_path / "work"), "--json", str(report_file)],
-        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, capture_output=True, text=True,
+        env=env, capture_output=True, text=True,
         timeout=1800)
     assert report_file.exists(), done.stderr[-3000:]
     report = json.loads(report_file.read_text())
@@ -61,7 +62,7 @@ def test_regenerate_on_a_vllm_server_writes_the_in_process_records(tmp_path):
          str(tmp_path / "work" / "server.jsonl"), "--output", str(output), "--num-layers", "1", "--block-size", "8",
          "--max-steps", "4", "--num-anchors", "8", "--batch-size", "1", "--eval-split", "0", "--num-eval-prompts",
          "0", "--save-every", "0", "--logging-steps", "1", "--train-vocab-size", "2048"],
-        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, capture_output=True, text=True,
+        env=env, capture_output=True, text=True,
         timeout=900)
     assert trained.returncode == 0, trained.stderr[-3000:]
     steps = [json.loads(line) for line in (output / "training_log.jsonl").read_text().splitlines()]

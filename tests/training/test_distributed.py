@@ -10,14 +10,13 @@ only joins them into one gloo group with ``ACCELERATE_USE_CPU=true`` (without it
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_tiny_target, write_data
+from conftest import free_port, save_tiny_target, write_data
 from safetensors.torch import load_file
 
 from hf_dflash.training import DFlashTrainer, DFlashTrainingArguments
@@ -65,12 +64,6 @@ resumed = DFlashTrainer(DFlashTrainingArguments(**args, resume=True))
 resumed.train()
 record("resumed", resumed)
 """.format(kill_at=KILL_AT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
