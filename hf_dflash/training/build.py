@@ -21,6 +21,9 @@ logger = logging.get_logger(__name__)
 
 INIT_DRAFTER_FIELDS = ("num_hidden_layers", "block_size", "target_layer_ids", "mask_token_id", "layer_fusion",
                        "split_context_kv", "hidden_size", "vocab_size")
+# A saved draft vocabulary (EAGLE-3 layout: d2t and the target's LM-head rows for those tokens) is an export-time view
+# of the target's head: training scores with the target's own head, and --draft-vocab-size rebuilds it at export.
+DRAFT_VOCABULARY_KEYS = ("d2t", "lm_head.weight")
 
 
 def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlashDraftModel:
@@ -37,8 +40,13 @@ def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlas
         raise ValueError(f"--init-drafter {init_drafter} does not match the training arguments ({listed}). Pass the "
                          "drafter's own values (--num-layers, --block-size, --target-layer-ids, --mask-token-id, the "
                          "DFlare switches), or drop --init-drafter to train from scratch.")
-    fresh.load_state_dict(loaded.state_dict(), strict=True)
-    logger.info(f"Drafter weights initialised from {init_drafter}.")
+    wanted = fresh.state_dict()
+    weights = {name: tensor for name, tensor in loaded.state_dict().items()
+               if name in wanted or name not in DRAFT_VOCABULARY_KEYS}
+    fresh.load_state_dict(weights, strict=True)
+    logger.info(f"Drafter weights initialised from {init_drafter}"
+                + (" (its draft vocabulary left out: --draft-vocab-size sets the exported one)."
+                   if len(weights) < len(loaded.state_dict()) else "."))
     return fresh
 
 

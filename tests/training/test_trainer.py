@@ -283,6 +283,16 @@ def test_init_drafter_starts_from_its_weights_and_refuses_other_architectures(wo
     start = second.accelerator.unwrap_model(second.model).state_dict()
     for name, tensor in trained.state_dict().items():
         assert torch.equal(start[name], tensor), name
+    # a drafter saved with a draft vocabulary (the shipped one, EAGLE-3 layout): its layers load, its d2t head is an
+    # export-time view of the target's head and is left out
+    trained.set_draft_vocabulary(list(range(40)), lm_head=target.get_output_embeddings())
+    trained.save_pretrained(workdir / "init-vocab")
+    third = DFlashTrainer(small_args(data, workdir / "init-third", eval_split=0.0, epochs=1,
+                                     init_drafter=str(workdir / "init-vocab")), target, tokenizer)
+    start = third.accelerator.unwrap_model(third.model).state_dict()
+    assert set(start) == set(trained.state_dict()) - {"d2t", "lm_head.weight"}
+    for name in start:
+        assert torch.equal(start[name], trained.state_dict()[name]), name
     with pytest.raises(ValueError, match=r"num_hidden_layers: 1 there vs 2 here.*--num-layers"):
         DFlashTrainer(small_args(data, workdir / "init-bad", num_layers=2, init_drafter=str(workdir / "init-first")),
                       target, tokenizer)
