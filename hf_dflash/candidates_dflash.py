@@ -128,6 +128,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
                 # size, so on text where they do not hold they stop being verified (on AIME some copy 10 tokens)
                 lookup, size = prompt_lookup_match(histories[0], self.lookup_tokens, self.lookup_ngram)
                 lookup = lookup if room is None else lookup[: max(room, 0)]
+                self.policy.observe_lookup_offer(histories[0], lookup, size)
             chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size)
             if chosen == 0 or from_lookup or not self.full_blocks:
                 # the policy caps a chain; a tree (full_blocks) keeps the drafter's whole block whenever it runs
@@ -158,9 +159,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         the accepted drafts (an int, or one per row: the count grows only when every row accepted all k).
         """
         num_drafts = scores.shape[1] - 1
-        if self.policy is not None:
-            self.policy.observe_acceptance(num_drafts, torch.as_tensor(num_matches).reshape(-1).tolist(),
-                                           self.lookup_size)
+        if self.policy is not None and not self.lookup_size:  # lookups are rated from their offers, verified or not
+            self.policy.observe_acceptance(num_drafts, torch.as_tensor(num_matches).reshape(-1).tolist())
         if not self.adaptive or num_drafts == 0:
             return
         if bool((torch.as_tensor(num_matches) == num_drafts).all()):

@@ -9,7 +9,9 @@ Costs are kept with the objects they describe (weakly keyed by the target, accep
 import collections
 import copy
 import functools
+import itertools
 import math
+import operator
 import time
 import weakref
 
@@ -194,20 +196,26 @@ class CostAwarePolicy:
         otherwise keep a drafter that no longer pays), and a full block every ``REFRESH`` cycles the far end of the
         cost curve and the deep acceptance (one slow first sample must not keep long chains out for good);
       - while plain steps win, a drafter cycle is tried after 4 plain steps, then 8, 16, ... up to 64 (a drafter that
-        improves, or a costlier target, is noticed);
-      - a lookup source not tried lately (its counts fade each cycle it is offered) gets a short optimistic try, so
-        copy-heavy text is found; once tried, its own counts rule.
+        improves, or a costlier target, is noticed); a probe accepted in full is followed at once by one twice as
+        deep; where only the doubt of few counts keeps the drafter out (choices bet on rates ``DOUBT`` standard
+        errors below their estimates), it is probed every ``PROMISING_PROBE`` steps until more counts settle it;
+      - the lookup source needs no probing: every cycle's offer, taken or not, is scored against the tokens
+        committed after it (:meth:`observe_lookup_offer`), so copy-heavy text is found from its first cycles and a
+        lookup that stops holding is dropped, at no cost.
     Costs are robust to noise (:class:`CostTable`: the least of the recent samples) and kept with the target they
     describe; acceptance statistics and the probing schedule carry over to the drafter's next calls. Output never
     depends on the choice.
     """
 
     REFRESH = 64  # drafting cycles between two measurements of each end of the cost curve (t(1), a full block)
-    MEMORY = 0.99  # each verification ages the counts of its source by this factor (about the last 100 count)
-    LOOKUP_TRIAL = (0.7, 4)  # a fresh lookup source's optimistic acceptance rate, over this many depths at most
+    MEMORY = 0.99  # each verification ages the drafter's counts by this factor (about the last 100 count)
+    LOOKUP_MEMORY = 0.9  # each scored offer ages the lookup's (one per cycle, free: the last ~10 count)
     CALL_PRIOR = 2.0  # the most verifications what earlier calls learned of acceptance counts as in a new call
     CALL_PROBE = 4  # a new call probes the drafter after this many plain steps at most
     PROBE_DRAFTS = 2  # a probe verifies at least this many drafts
+    PROMISING_PROBE = 2  # plain steps between two probes of a drafter whose estimated rates say it pays
+    DOUBT = 0.5  # choices bet on acceptance rates this many standard errors below their estimates (a cycle that
+    # drafts and loses costs ~1.5-2 plain steps on a CPU; one that steps plainly and should have drafted, less)
 
     REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
                   "lookup_accepted", "tree_expected", "tree_accepted")
@@ -219,8 +227,10 @@ class CostAwarePolicy:
         self.lookup_reached: dict[int, list[float]] = {}  # matched n-gram size -> counts by depth
         self.lookup_accepted: dict[int, list[float]] = {}
         self.plain_streak, self.probe_after = 0, 4
+        self.probe_drafts, self.follow_up = 0, 0  # drafts of the probe in flight; of the deeper one to follow it
         self.cycles = 0
         self.tree_expected, self.tree_accepted = 0.0, 0.0  # trees: drafts the drafter expected vs those accepted
+        self.lookup_offers: list[tuple[int, list[int], int]] = []  # (text length, drafts, n-gram size) not scored yet
         # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
         self.memory = memory if memory is not None else {}
         if self.memory.get("most") == most:
@@ -232,11 +242,13 @@ class CostAwarePolicy:
         # verifications: acceptance is a property of the text as much as of the drafter (the SmolLM2 drafter's
         # tau is ~1.5 on GSM8K, ~1.15 on MT-Bench), and ~100 remembered cycles took most of a short call to outvote.
         # Plain steps probe again after CALL_PROBE (a backoff grown to 64 on one text kept a short call on the next
-        # from ever drafting). Lookup counts stay: they fade with every cycle that offers a lookup, so a text that
-        # copies itself gets its trial anyway, and a shrunken record would only delay it.
-        scale = min(1.0, self.CALL_PRIOR / max(self.reached[0], 1e-9))
-        _decay(self.reached, scale)
-        _decay(self.accepted, scale)
+        # from ever drafting). The same holds for lookups: whether a text copies itself is the text's (every offer is
+        # scored, so this call's own record builds within a few cycles).
+        for reached, accepted in [(self.reached, self.accepted), *((self.lookup_reached[size], self.lookup_accepted[size])
+                                                                   for size in self.lookup_reached)]:
+            scale = min(1.0, self.CALL_PRIOR / max(reached[0] if reached else 0.0, 1e-9))
+            _decay(reached, scale)
+            _decay(accepted, scale)
         self.plain_streak, self.probe_after = 0, min(self.probe_after, self.CALL_PROBE)
 
     def _remember(self) -> None:
@@ -245,44 +257,74 @@ class CostAwarePolicy:
     def table(self, batch: int, device) -> CostTable:
         return cost_table(self.target, device, batch)
 
-    def acceptance_rates(self) -> list[float]:
-        return _rates(self.accepted, self.reached)
+    def acceptance_rates(self, doubt: float = 0.0) -> list[float]:
+        return _rates(self.accepted, self.reached, doubt=doubt)
 
-    def lookup_rates(self, size: int, length: int) -> list[float]:
+    def lookup_rates(self, size: int, length: int, doubt: float = 0.0) -> list[float]:
         """Acceptance rates by depth of lookup continuations found by an n-gram of `size`, for `length` depths, from
         a sceptical 1/4 prior (most text does not repeat; a drafter that has been right must not lose its cycles to
-        a lookup). Depths never verified yet take the deepest measured one's rate, as :func:`_rates` does (a copied
-        passage that held for 4 tokens tends to hold on; a 1/4 there kept lookups at their trial length for good). A
-        source not tried lately (less than half an observation left after fading) is rated optimistically over a
-        few depths: one short try tells whether this text copies itself."""
+        a lookup). Depths never reached yet take the deepest measured one's rate, as :func:`_rates` does (a copied
+        passage that held for 4 tokens tends to hold on; a 1/4 there kept lookups short for good)."""
         reached = self.lookup_reached.get(size, [])
-        if not reached or reached[0] < 0.5:
-            rate, depths = self.LOOKUP_TRIAL
-            return [rate] * min(length, depths)
-        rates = _rates(self.lookup_accepted.get(size, []), reached, prior=0.25)[:length]
+        rates = _rates(self.lookup_accepted.get(size, []), reached, prior=0.25, doubt=doubt)[:length] or [0.25]
         return rates + rates[-1:] * (length - len(rates))
 
-    def observe_acceptance(self, num_drafts: int, accepted: list[int], lookup_size: int = 0) -> None:
-        """Count one verification of `num_drafts` drafts per row (`accepted`: accepted drafts per row); from the
-        drafter, or from a prompt lookup whose n-gram of `lookup_size` tokens matched. A plain step (no drafts)
-        counts nothing and ages nothing: what was learned of a source fades only as that source is observed again,
-        so a weak drafter's record does not drift back to the prior during plain steps and the probing backoff holds."""
+    def observe_lookup_offer(self, history: torch.Tensor, offer: list[int], size: int) -> None:
+        """Rate the prompt-lookup source from every cycle's offer, verified or not: `offer` (drafts after the last
+        token of `history` [L], the committed text; found by an n-gram of `size` tokens; [] for none) is scored
+        depth by depth as the tokens committed after it show whether the target takes each draft (the first that
+        differs ends it). Greedy: exactly what verifying the offer would accept. Sampling: committed tokens follow the
+        target's law, so a draft is repeated with the probability that speculative sampling accepts it (a point-mass
+        draft is accepted with p(draft)). So lookups need no trials: a text that copies itself shows within a few
+        cycles (plain steps included), and a lookup that stops holding is dropped, whatever the policy chose.
+
+        Example:
+            >>> policy = CostAwarePolicy(None, most=7)
+            >>> policy.observe_lookup_offer(torch.tensor([5, 6, 7, 5, 6]), [7, 5, 6], size=2)
+            >>> policy.observe_lookup_offer(torch.tensor([5, 6, 7, 5, 6, 7, 9]), [], size=0)  # 7 taken, then 9
+            >>> policy.lookup_accepted[2], policy.lookup_reached[2]
+            ([1.0, 0.0, 0.0], [1.0, 1.0, 0.0])
+        """
+        pending = []
+        for start, drafts, drafts_size, scored in self.lookup_offers:
+            reached, hits = self.lookup_reached[drafts_size], self.lookup_accepted[drafts_size]
+            if scored == 0:  # a new verification-equivalent: older ones weigh less, as in observe_acceptance
+                _decay(reached, self.LOOKUP_MEMORY)
+                _decay(hits, self.LOOKUP_MEMORY)
+            held = True
+            for depth, token in enumerate(history[start + scored : start + len(drafts)].tolist(), scored):
+                held = token == drafts[depth]
+                reached[depth] += 1.0
+                hits[depth] += float(held)
+                scored += 1
+                if not held:
+                    break
+            if held and scored < len(drafts):
+                pending.append((start, drafts, drafts_size, scored))
+        if offer:
+            for counts in (self.lookup_reached, self.lookup_accepted):
+                depths = counts.setdefault(size, [])
+                depths.extend([0.0] * (len(offer) - len(depths)))
+            pending.append((len(history), list(offer), size, 0))
+        self.lookup_offers = pending
+        self._remember()
+
+    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
+        """Count one verification of `num_drafts` drafter drafts per row (`accepted`: accepted drafts per row). A
+        plain step (no drafts) counts nothing and ages nothing: what was learned of the drafter fades only as it is
+        observed again, so a weak drafter's record does not drift back to the prior during plain steps and the
+        probing backoff holds."""
         if num_drafts == 0:
             return
-        if lookup_size:
-            reached = self.lookup_reached.setdefault(lookup_size, [])
-            hits = self.lookup_accepted.setdefault(lookup_size, [])
-            grow = max(0, num_drafts - len(reached))
-            reached.extend([0.0] * grow)
-            hits.extend([0.0] * grow)
-        else:
-            reached, hits = self.reached, self.accepted
-        _decay(reached, self.MEMORY)
-        _decay(hits, self.MEMORY)
+        # a probe accepted in full asks for a deeper one next (a drafter that got good shows in a few cycles)
+        held = self.probe_drafts == num_drafts and all(n == num_drafts for n in accepted)
+        self.follow_up, self.probe_drafts = (min(self.most, 2 * num_drafts) if held else 0), 0
+        _decay(self.reached, self.MEMORY)
+        _decay(self.accepted, self.MEMORY)
         for n in accepted:
             for depth in range(min(n + 1, num_drafts)):
-                reached[depth] += 1.0
-                hits[depth] += float(depth < n)
+                self.reached[depth] += 1.0
+                self.accepted[depth] += float(depth < n)
         self._remember()
 
     def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0) -> tuple[int, bool]:
@@ -291,7 +333,6 @@ class CostAwarePolicy:
         table = self.table(batch, device)
         width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
         self.cycles += 1
-        self._fade_lookup(lookup_size)
         self._remember()
         # a call starts with a full block: its costs (once: widths forgotten since are re-measured only when chosen,
         # else every short call would pay for one) and this drafter's acceptance
@@ -299,25 +340,42 @@ class CostAwarePolicy:
             return self.most, False
         if table.age(1) is None:
             return 0, False  # measure a plain step once: one token at plain speed
-        drafting = best_draft_count(self.acceptance_rates(), lambda k: table.draft + table.verify_seconds(width(k + 1)))
-        choice, speed = (drafting[0], False), drafting[1]
+        # k is chosen on the estimated rates; whether it beats a plain step, on rates lowered by their doubt
+        seconds = {False: lambda k: table.draft + table.verify_seconds(width(k + 1)),  # the drafter's chain
+                   True: lambda k: table.verify_seconds(width(k + 1))}  # a lookup's: no drafter forward
+        drafts, hopeful = best_draft_count(self.acceptance_rates(), seconds[False])
+        choice, speed = (drafts, False), chain_speed(self.acceptance_rates(self.DOUBT), drafts, seconds[False])
         if lookup_length:
-            k, lookup_speed = best_draft_count(self.lookup_rates(lookup_size, lookup_length),
-                                               lambda k: table.verify_seconds(width(k + 1)))
+            k, _ = best_draft_count(self.lookup_rates(lookup_size, lookup_length), seconds[True])
+            lookup_speed = chain_speed(self.lookup_rates(lookup_size, lookup_length, self.DOUBT), k, seconds[True])
             if lookup_speed > speed:
                 choice, speed = (k, True), lookup_speed
-        if speed > 1.0 / table.verify_seconds(1):
+        plain = 1.0 / table.verify_seconds(1)
+        if speed > plain:
             self.plain_streak, self.probe_after = 0, 4
             if table.stale(1, self.REFRESH):
                 return 0, False
             if table.stale(width(self.most + 1), self.REFRESH) and not choice[1]:
                 return self.most, False  # and a full block now and then: the far end of the cost curve, deep drafts
             return choice
+        if self.follow_up:  # the last probe's drafts were all accepted: probe again at once, twice as deep
+            drafts, self.follow_up = self.follow_up, 0
+            return self._probe(drafts)
+        # A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). Where
+        # its estimated rates say it pays and only their doubt says not, every PROMISING_PROBE steps (more counts
+        # settle it, at no expected loss); else after a growing backoff.
+        promising = hopeful > plain
         self.plain_streak += 1
-        if self.plain_streak < self.probe_after:
+        if self.plain_streak < (self.PROMISING_PROBE if promising else self.probe_after):
             return 0, False
-        self.plain_streak, self.probe_after = 0, min(64, 2 * self.probe_after)
-        return max(drafting[0], self.PROBE_DRAFTS), False
+        self.plain_streak = 0
+        if not promising:
+            self.probe_after = min(64, 2 * self.probe_after)
+        return self._probe(max(drafts, self.PROBE_DRAFTS))
+
+    def _probe(self, drafts: int) -> tuple[int, bool]:
+        self.probe_drafts = drafts
+        return drafts, False
 
     def observe_costs(self, batch: int, device, width: int, target_seconds: float,
                       draft_seconds: float | None = None) -> None:
@@ -354,32 +412,29 @@ class CostAwarePolicy:
         self.tree_accepted = 0.97 * self.tree_accepted + accepted
         self.observe_acceptance(self.most, [accepted])
 
-    def _fade_lookup(self, size: int) -> None:
-        # Offered but (maybe) not taken: the counts shrink towards the prior, so a lookup source that looked poor is
-        # tried again after a while (copy-heavy passages come and go).
-        if size in self.lookup_reached:
-            _decay(self.lookup_reached[size], 0.98)
-            _decay(self.lookup_accepted[size], 0.98)
-
 
 def _decay(counts: list[float], factor: float) -> None:
     """Age observation counts in place: old cycles weigh less, so estimates follow a drifting text."""
     counts[:] = [factor * c for c in counts]
 
 
-def _rates(accepted: list[float], reached: list[float], prior: float = 0.5) -> list[float]:
+def _rates(accepted: list[float], reached: list[float], prior: float = 0.5, doubt: float = 0.0) -> list[float]:
     """Acceptance rate by depth: each depth's counts shrunk towards the rate of the depth before it (the first
     towards `prior`), so a depth rarely reached lately (cycles verified fewer drafts) keeps the rate its neighbours
-    show instead of falling back to an arbitrary prior that would stop longer chains from ever being tried.
+    show instead of falling back to an arbitrary prior that would stop longer chains from ever being tried. With
+    `doubt` z, each rate is lowered by z standard errors of its estimate (sqrt(p (1 - p) / (n + 3)), n its count,
+    the prior's 2 included): what to bet on when a wrong bet costs more than a missed one.
 
     Example:
         >>> [round(r, 2) for r in _rates([90.0, 0.0], [100.0, 0.0])]
         [0.89, 0.89]
+        >>> [round(r, 2) for r in _rates([9.0, 0.0], [10.0, 0.0], doubt=1.0)]  # 10 counts: lowered by 0.11
+        [0.73, 0.62]
     """
     rates, previous = [], prior
     for a, r in zip(accepted, reached):
         previous = (a + 2.0 * previous) / (r + 2.0)
-        rates.append(previous)
+        rates.append(max(0.0, previous - doubt * math.sqrt(previous * (1.0 - previous) / (r + 3.0))))
     return rates
 
 
@@ -392,11 +447,20 @@ def best_draft_count(rates: list[float], seconds) -> tuple[int, float]:
         >>> k, round(speed, 3)
         (2, 2.258)
     """
-    best, expected, reach = (0, 0.0), 1.0, 1.0
-    for k, rate in enumerate(rates, 1):
-        reach *= rate
-        expected += reach
-        speed = expected / seconds(k)
+    best = (0, 0.0)
+    for k in range(1, len(rates) + 1):
+        speed = chain_speed(rates, k, seconds)
         if speed > best[1]:
             best = (k, speed)
     return best
+
+
+def chain_speed(rates: list[float], k: int, seconds) -> float:
+    """Expected tokens per second of a cycle verifying k drafts accepted at `rates` by depth (1 + the expected
+    accepted drafts, over `seconds(k)`).
+
+    Example:
+        >>> round(chain_speed([0.5, 0.5, 0.1], 2, lambda k: 1.0 + 0.1 * k), 3)
+        1.458
+    """
+    return (1.0 + sum(itertools.accumulate(rates[:k], operator.mul))) / seconds(k)

@@ -12,7 +12,7 @@ from conftest import install_cost_table, make_target, new_tokens, plain_generate
 
 import hf_dflash.policy_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-from hf_dflash.policy_dflash import CostAwarePolicy, CostTable, cost_table, cost_tables
+from hf_dflash.policy_dflash import CostAwarePolicy, CostTable, cost_table, cost_tables, gemm_friendly_rows
 
 
 def test_the_library_default_is_the_cost_aware_policy():
@@ -191,24 +191,50 @@ def test_lookup_drafts_win_where_they_are_accepted_and_give_way_where_they_are_n
     assert weak.choose(1, "cpu", lookup_length=3, lookup_size=2) == (3, True)  # no more than is on offer
     assert weak.choose(1, "cpu") == (0, False)  # nothing on offer: the weak drafter loses to a plain step
     strong = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.95)
-    assert strong.choose(1, "cpu", lookup_length=10, lookup_size=2) == (15, False)  # untried lookups: the drafter
+    assert strong.choose(1, "cpu", lookup_length=10, lookup_size=2) == (15, False)  # unrated lookups: the drafter
     failing = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)
     failing.lookup_reached[2], failing.lookup_accepted[2] = [50.0] * 10, [0.0] * 10
-    choices = [failing.choose(1, "cpu", lookup_length=10, lookup_size=2)[1] for _ in range(200)]
-    assert not any(choices[:40]) and any(choices), "a failing lookup must give way, then be tried again"
+    assert not any(failing.choose(1, "cpu", lookup_length=10, lookup_size=2)[1] for _ in range(200))
 
 
-def test_lookups_that_hold_grow_past_their_trial_length(monkeypatch):
-    """A copied passage accepted in full at the trial's length must be verified longer next time: depths not verified
-    yet take the deepest measured depth's rate (a fixed 1/4 there kept every lookup at the trial's 4 drafts)."""
-    policy = policy_with(monkeypatch, {1: 0.010, 2: 0.0145, 16: 0.022}, draft=0.004, rate=0.1)
-    chosen = []
-    for _ in range(12):
-        k, from_lookup = policy.choose(1, "cpu", lookup_length=10, lookup_size=2)
+def copying_text_cycles(policy, text: torch.Tensor, start: int, offers) -> list[tuple[int, bool]]:
+    """Run the policy over `text` from `start` tokens on, as the decoding loop does at batch size 1: each cycle its
+    lookup offer (`offers(history)`: (drafts, n-gram size)) is scored, then the policy chooses; a plain step or a
+    drafter cycle commits one token (the drafter is weak), a lookup the offer's drafts that `text` repeats + 1.
+    Returns the choices."""
+    choices, length = [], start
+    while length < len(text):
+        history = text[:length]
+        offer, size = offers(history)
+        policy.observe_lookup_offer(history, offer, size)
+        k, from_lookup = policy.choose(1, "cpu", lookup_length=len(offer), lookup_size=size)
+        taken = 0
         if from_lookup:
-            policy.observe_acceptance(k, [k], lookup_size=2)  # every lookup draft held
-        chosen.append(k if from_lookup else None)
-    assert chosen[-1] == 10, chosen
+            taken = next((i for i, d in enumerate(offer[:k]) if length + i >= len(text) or text[length + i] != d), k)
+        choices.append((k, from_lookup))
+        length += taken + 1
+    return choices
+
+
+def test_lookup_offers_are_rated_whether_verified_or_not(monkeypatch):
+    """No trials: every cycle's lookup offer is scored against the tokens committed after it. In a text that copies
+    a passage, lookups take over within a few cycles and verify the whole offer; offers that the text does not
+    repeat are never verified, however long they keep coming; when they start to hold again, lookups come back."""
+    from hf_dflash.lookup_dflash import prompt_lookup_match
+    torch.manual_seed(0)
+    passage = torch.randint(10, 1000, (120,))
+    text = torch.cat([passage, passage])
+    policy = policy_with(monkeypatch, {1: 0.010, 2: 0.0145, 16: 0.022}, draft=0.004, rate=0.1)
+    choices = copying_text_cycles(policy, text, 122, lambda history: prompt_lookup_match(history, 10, 2))
+    assert all(from_lookup for _, from_lookup in choices[4:]), choices
+    assert [k for k, _ in choices[-4:-1]] == [10, 10, 10], choices
+    # offers the text does not repeat (a token never in it): never verified
+    wrong = lambda history: ([7] * 10, 2)  # noqa: E731
+    choices = copying_text_cycles(policy, torch.cat([passage, passage]), 122, wrong)
+    assert not any(from_lookup for _, from_lookup in choices[10:]), choices
+    # the right offers again: lookups are back within a few cycles, without a trial
+    choices = copying_text_cycles(policy, text, 122, lambda history: prompt_lookup_match(history, 10, 2))
+    assert all(from_lookup for _, from_lookup in choices[8:]) and len(choices) > 12, choices
 
 
 def forced_lookups(monkeypatch):
@@ -273,3 +299,33 @@ def test_dflash_lookup_is_checked_and_turns_lookups_off(monkeypatch):
     forced_lookups(monkeypatch)
     target.generate(prompt, assistant_model=drafter, max_new_tokens=30, dflash_policy="cost", dflash_lookup=False)
     assert drafter.last_stats.lookup_cycles == 0
+
+
+def test_a_probe_accepted_in_full_is_followed_by_a_deeper_one(monkeypatch):
+    """A call starts with what earlier calls learned worth 2 verifications (CALL_PRIOR): here a drafter that was
+    weak (15% at each depth: drafting loses to plain steps on this CPU-shaped cost curve). When it is now accepted
+    in full, each probe is followed at once by one twice as deep, so a drafter that got good drafts within a few
+    cycles instead of after a backoff of plain steps (a 2-draft probe accepted in full says little of depth 3+)."""
+    costs = {1: 0.010, 2: 0.016, 3: 0.0175, 4: 0.018, 8: 0.02, 16: 0.023}
+    policy = policy_with(monkeypatch, costs, draft=0.002, rate=0.15)
+    policy.reached, policy.accepted = [2.0] * 15, [0.3] * 15
+    chosen, table = [], policy.table(1, "cpu")
+    for _ in range(12):  # as generate() feeds it: the cycle's costs, then its acceptance (every draft accepted)
+        k = policy.choose(1, "cpu")[0]
+        chosen.append(k)
+        width = gemm_friendly_rows(k + 1, torch.device("cpu"))
+        policy.observe_costs(1, "cpu", width, table.verify_seconds(width), 0.002 if k else None)
+        policy.observe_acceptance(k, [k])
+    assert chosen[:5] == [0, 0, 0, 2, 4] and min(chosen[5:]) >= 5, chosen
+
+
+def test_few_counts_are_bet_on_with_doubt(monkeypatch):
+    """Acceptance rates estimated from a handful of verifications (a call's start: earlier calls count as 2) are bet
+    on only after lowering them by their doubt: where the estimate says drafting pays by a little and its doubt says
+    it may not, the policy steps plainly and probes every other cycle until more counts settle it (the real GSM8K
+    bench drafted 3 cycles after one lucky probe and lost 10%); the same rates backed by many counts draft."""
+    costs = {2: 0.016, 3: 0.0175, 4: 0.018, 8: 0.02, 16: 0.023, 1: 0.010}  # t(1) measured last: fresh
+    for counts, expected in ((3.0, [0, 5, 0, 5]), (200.0, [5, 5, 5, 5])):
+        policy = policy_with(monkeypatch, costs, draft=0.002, rate=0.6)
+        policy.reached, policy.accepted = [counts] * 15, [0.6 * counts] * 15
+        assert [policy.choose(1, "cpu")[0] for _ in range(4)] == expected, counts
