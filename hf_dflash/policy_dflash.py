@@ -242,13 +242,11 @@ class CostAwarePolicy:
         # verifications: acceptance is a property of the text as much as of the drafter (the SmolLM2 drafter's
         # tau is ~1.5 on GSM8K, ~1.15 on MT-Bench), and ~100 remembered cycles took most of a short call to outvote.
         # Plain steps probe again after CALL_PROBE (a backoff grown to 64 on one text kept a short call on the next
-        # from ever drafting). The same holds for lookups: whether a text copies itself is the text's (every offer is
-        # scored, so this call's own record builds within a few cycles).
-        for reached, accepted in [(self.reached, self.accepted), *((self.lookup_reached[size], self.lookup_accepted[size])
-                                                                   for size in self.lookup_reached)]:
-            scale = min(1.0, self.CALL_PRIOR / max(reached[0] if reached else 0.0, 1e-9))
-            _decay(reached, scale)
-            _decay(accepted, scale)
+        # from ever drafting). Lookup counts stay: they age with every offer scored (LOOKUP_MEMORY), so a new text
+        # re-rates them within ~10 cycles anyway, and shrinking them delayed lookups on AIME, where they pay.
+        scale = min(1.0, self.CALL_PRIOR / max(self.reached[0], 1e-9))
+        _decay(self.reached, scale)
+        _decay(self.accepted, scale)
         self.plain_streak, self.probe_after = 0, min(self.probe_after, self.CALL_PROBE)
 
     def _remember(self) -> None:
