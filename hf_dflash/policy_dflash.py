@@ -211,7 +211,8 @@ class CostAwarePolicy:
     MEMORY = 0.99  # each verification ages the drafter's counts by this factor (about the last 100 count)
     LOOKUP_MEMORY = 0.9  # each scored offer ages the lookup's (one per cycle, free: the last ~10 count)
     CALL_PRIOR = 2.0  # the most verifications what earlier calls learned of acceptance counts as in a new call
-    CALL_PROBE = 4  # a new call probes the drafter after this many plain steps at most
+    CALL_PROBE = 8  # a new call probes the drafter after this many plain steps at most (4 cost MT-Bench a probe per
+    # 64-token call more; the follow-ups of a probe accepted in full make up for a drafter that got good)
     PROBE_DRAFTS = 2  # a probe verifies at least this many drafts
     PROMISING_PROBE = 2  # plain steps between two probes of a drafter whose estimated rates say it pays
     DOUBT = 0.5  # choices bet on acceptance rates this many standard errors below their estimates (a cycle that
