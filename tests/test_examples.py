@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# slow (~38 s): runs with the slow suite in .ci/run; the trainer's own fast tests cover training
+@pytest.mark.slow
 def test_train_drafter_example_trains_a_drafter_that_beats_an_untrained_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "train_drafter.py"), "--workdir", str(tmp_path)],

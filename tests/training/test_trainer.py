@@ -105,6 +105,8 @@ def test_training_blocks_see_exactly_what_inference_sees(target_and_tokenizer, d
                 torch.testing.assert_close(hidden[row, j], alone[0], atol=2e-5, rtol=1e-4)
 
 
+# slow (~29 s): runs with the slow suite in .ci/run
+@pytest.mark.slow
 def test_dense_and_flex_masks_give_the_same_loss(target_and_tokenizer, data_file):
     if not is_flex_attention_available():
         pytest.skip("torch.nn.attention.flex_attention is not available in this torch build")
@@ -131,6 +133,8 @@ def test_dense_and_flex_masks_give_the_same_loss(target_and_tokenizer, data_file
 
 # ----------------------------------------------------------------------------------------------------------------------
 # end to end
+# slow (~28 s): runs with the slow suite in .ci/run
+@pytest.mark.slow
 def test_training_raises_measured_acceptance_length(workdir, target_dir, data_file, target_and_tokenizer):
     """CLI path with a target folder: training lifts real generate()-measured tau far above an untrained drafter."""
     eval_prompts = workdir / "eval_prompts.jsonl"
