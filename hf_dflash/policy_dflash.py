@@ -287,11 +287,12 @@ class CostAwarePolicy:
         pending = []
         for start, drafts, drafts_size, scored in self.lookup_offers:
             reached, hits = self.lookup_reached[drafts_size], self.lookup_accepted[drafts_size]
-            if scored == 0:  # a new verification-equivalent: older ones weigh less, as in observe_acceptance
+            committed = history[start + scored : start + len(drafts)].tolist()
+            if scored == 0 and committed:  # a new verification-equivalent: older ones weigh less
                 _decay(reached, self.LOOKUP_MEMORY)
                 _decay(hits, self.LOOKUP_MEMORY)
             held = True
-            for depth, token in enumerate(history[start + scored : start + len(drafts)].tolist(), scored):
+            for depth, token in enumerate(committed, scored):
                 held = token == drafts[depth]
                 reached[depth] += 1.0
                 hits[depth] += float(held)
