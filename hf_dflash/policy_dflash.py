@@ -447,9 +447,12 @@ def best_draft_count(rates: list[float], seconds) -> tuple[int, float]:
         >>> k, round(speed, 3)
         (2, 2.258)
     """
-    best = (0, 0.0)
-    for k in range(1, len(rates) + 1):
-        speed = chain_speed(rates, k, seconds)
+    # one pass (the policy asks every cycle): the expected tokens of k drafts grow by the chance to reach depth k
+    best, expected, reach = (0, 0.0), 1.0, 1.0
+    for k, rate in enumerate(rates, 1):
+        reach *= rate
+        expected += reach
+        speed = expected / seconds(k)
         if speed > best[1]:
             best = (k, speed)
     return best

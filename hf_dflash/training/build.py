@@ -40,13 +40,12 @@ def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlas
         raise ValueError(f"--init-drafter {init_drafter} does not match the training arguments ({listed}). Pass the "
                          "drafter's own values (--num-layers, --block-size, --target-layer-ids, --mask-token-id, the "
                          "DFlare switches), or drop --init-drafter to train from scratch.")
-    wanted = fresh.state_dict()
-    weights = {name: tensor for name, tensor in loaded.state_dict().items()
-               if name in wanted or name not in DRAFT_VOCABULARY_KEYS}
+    wanted, saved = fresh.state_dict(), loaded.state_dict()
+    weights = {name: tensor for name, tensor in saved.items() if name in wanted or name not in DRAFT_VOCABULARY_KEYS}
     fresh.load_state_dict(weights, strict=True)
     logger.info(f"Drafter weights initialised from {init_drafter}"
                 + (" (its draft vocabulary left out: --draft-vocab-size sets the exported one)."
-                   if len(weights) < len(loaded.state_dict()) else "."))
+                   if len(weights) < len(saved) else "."))
     return fresh
 
 
