@@ -352,7 +352,8 @@ class CostAwarePolicy:
                 choice, speed = (k, True), lookup_speed
         plain = 1.0 / table.verify_seconds(1)
         if speed > plain:
-            self.plain_streak, self.probe_after = 0, 4
+            if not choice[1]:  # the drafter pays: its probing starts over (a lookup that wins says nothing of it)
+                self.plain_streak, self.probe_after = 0, 4
             if table.stale(1, self.REFRESH):
                 return 0, False
             if table.stale(width(self.most + 1), self.REFRESH) and not choice[1]:
