@@ -41,6 +41,12 @@ def test_a_weak_drafter_gets_plain_steps_and_is_probed_now_and_then(monkeypatch)
     assert probes[:3] == [3, 11, 27]  # after 4, then 8, then 16 plain steps
     assert CostAwarePolicy(cached_target("qwen3"), 15).choose(1, "cpu")[0] == 15  # a call's first cycle
     assert all(k <= 2 for k in choices)  # a probe asks for what could pay: few drafts
+    # where the cost curve is concave (t(8) ~ t(3): a CPU), the drafter's own best count is deep; a backoff probe of
+    # a drafter that does not pay still verifies PROBE_DRAFTS (a 7-draft probe of the SmolLM2 drafter on MT-Bench
+    # cost ~2.3 plain steps, a 2-draft one ~1.9)
+    concave = policy_with(monkeypatch, {1: 0.010, 2: 0.016, 3: 0.017, 8: 0.0175, 16: 0.023}, draft=0.002, rate=0.4)
+    probes = [k for k in (concave.choose(1, "cpu")[0] for _ in range(40)) if k]
+    assert probes and set(probes) == {CostAwarePolicy.PROBE_DRAFTS}, probes
 
 
 def test_a_good_drafter_verifies_long_chains_and_flat_costs_favour_longer_ones(monkeypatch):
@@ -56,6 +62,21 @@ def test_unmeasured_costs_start_with_a_full_block(monkeypatch):
     target = cached_target("llama")
     monkeypatch.setattr(hf_dflash.policy_dflash, "_COST_TABLES", weakref.WeakKeyDictionary())
     assert CostAwarePolicy(target, 7).choose(1, "cpu")[0] == 7
+
+
+def test_drafting_costs_are_what_a_loaded_machine_typically_pays_not_its_luckiest_cycle():
+    """Next to another job, a verify of several rows costs ~10% more than its least sample (one cycle that found the
+    other core idle): the least sample made drafting look cheaper than it is (GSM8K at 0.90x of plain under load).
+    Widths that drafting measures count at their lower median; t(1), re-measured only now and then, at its least
+    sample, so one fresh sample corrects a table that a loaded machine left."""
+    table = CostTable()
+    for seconds in (0.025, 0.018, 0.026, 0.024, 0.027):  # 0.018: the other core was idle for this one
+        table.observe_verify(4, seconds)
+        table.observe_draft(seconds / 10)
+    for seconds in (0.030, 0.031, 0.010):  # a loaded machine's t(1), then a quiet one's
+        table.observe_verify(1, seconds)
+    assert table.verify == {1: 0.010, 4: 0.025}
+    assert table.draft == pytest.approx(0.0025)
 
 
 def test_a_fresh_target_never_inherits_a_collected_ones_costs():
