@@ -162,6 +162,8 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--datasets", type=comma_list, default=",".join(DATASETS),
                         help=f"comma list of {','.join(DATASETS)}")
     parser.add_argument("--limit", type=int, default=10, help="prompts per dataset")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds over each dataset; each method's faster run of a prompt counts (a noisy machine)")
     parser.add_argument("--methods", type=comma_list, default=",".join(METHODS),
                         help=f"comma list of {','.join(METHODS)}; plain always runs")
     parser.add_argument("--early-exit-layer", type=int, default=None, help="default: a third of the target's depth")
@@ -198,7 +200,8 @@ def bench_command(args: argparse.Namespace) -> int:
         write_outputs(args, rows, batch_markdown(rows))
         return 0 if all(r["identical"] for r in rows) else 1
     report = run_benchmark(
-        target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer
+        target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer,
+        repeats=args.repeats,
     )
     write_outputs(args, report, markdown_report(report))
     if args.plot:

@@ -69,6 +69,37 @@ def test_run_benchmark_on_a_tiny_model(tiny_folder, tmp_path):
     assert save_plot(report, tmp_path / "plot.png") and (tmp_path / "plot.png").stat().st_size > 0
 
 
+def test_repeats_keep_each_methods_faster_run_and_report_unstable_tokens(tiny_folder, monkeypatch):
+    """--repeats: rounds over each whole dataset (the same call precedes each prompt's run in every round), the faster
+    run of each method counting; a method whose repeated greedy runs give different tokens is reported as not
+    identical even when its faster run matches plain."""
+    target, tokenizer = models.load_target(tiny_folder / "target")
+    drafter = models.load_drafter(tiny_folder / "drafter", target)
+    real, calls, rounds = bench.timed_generation, [], {}
+
+    def noisy(target, ids, max_new_tokens, method, *args):
+        run = real(target, ids, max_new_tokens, method, *args)
+        key = (method, tuple(ids[0].tolist()))
+        rounds[key] = rounds.get(key, 0) + 1
+        calls.append((method, key[1]))
+        run.seconds = 100.0 if rounds[key] == 1 else 1.0  # the first round met a load spike
+        if method == "dflash" and rounds[key] == 1:
+            run.new_tokens = run.new_tokens[:-1] + [run.new_tokens[-1] + 1]  # its (slower) first round differs
+        return run
+
+    monkeypatch.setattr(bench, "timed_generation", noisy)
+    prompts = {"gsm8k": ["What is 2+3?", "Hi"]}
+    report = bench.run_benchmark(target, tokenizer, drafter, prompts, methods=["plain", "dflash", "dflash_default"],
+                                 max_new_tokens=6, warmup=False, repeats=2)
+    prompt_order = [ids for method, ids in calls if method == "plain"]
+    assert prompt_order[0] == prompt_order[2] != prompt_order[1]  # round 1 over both prompts, then round 2
+    assert all(entry["seconds"] == 1.0 for row in report["per_prompt"] for entry in
+               (row[m] for m in ("plain", "dflash", "dflash_default")))
+    assert report["results"]["gsm8k"]["dflash_default"]["identical"] is True
+    assert report["results"]["gsm8k"]["dflash"]["identical"] is False  # its faster run matches; the other did not
+    assert report["config"]["repeats"] == 2
+
+
 def test_batch_benchmark_on_a_tiny_model(tiny_folder):
     target, tokenizer = models.load_target(tiny_folder / "target")
     drafter = models.load_drafter(tiny_folder / "drafter", target)
