@@ -12,6 +12,7 @@ import functools
 import itertools
 import math
 import operator
+import statistics
 import time
 import weakref
 
@@ -77,14 +78,16 @@ class CostTable:
     def verify(self) -> dict[int, float]:
         """{width: seconds} of the widths measured lately, widths ascending: t(1), re-measured only every REFRESH
         cycles while drafting, by its least sample (one fresh sample corrects a table a loaded machine left); the
-        widths a drafting cycle measures, by their lower median (:func:`_lower_median`)."""
-        return {width: (min if width == 1 else _lower_median)(samples)
+        widths a drafting cycle measures, by their lower median (robust to two spikes in five samples, and
+        what a machine under steady load typically pays: its least sample there is ~10% below a verify of 4-16 rows
+        next to another inference job on this 2-core CPU, 3% for one row, which made drafting look cheaper)."""
+        return {width: (min if width == 1 else statistics.median_low)(samples)
                 for width, samples in sorted(self.verify_samples.items())
                 if self.age(width) < min(self.FORGET, 4 ** (len(samples) + 1))}
 
     @property
     def draft(self) -> float | None:
-        return _lower_median(self.draft_samples) if self.draft_samples else None
+        return statistics.median_low(self.draft_samples) if self.draft_samples else None
 
     def observe_verify(self, width: int, seconds: float) -> None:
         self.verify_samples.setdefault(width, collections.deque(maxlen=self.WINDOW)).append(seconds)
@@ -145,19 +148,6 @@ class CostTable:
         right = next((i for i, (x, _) in enumerate(points) if x >= width), len(points) - 1)
         (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
         return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
-
-
-def _lower_median(samples) -> float:
-    """The lower median: robust to spikes in up to half the samples (two of five), yet the cost a machine under
-    steady load really pays (the least sample there is the luckiest, ~10% below the typical verify of 4-16 rows on
-    this 2-core CPU next to another inference job, 3% for one row: it made drafting look cheaper than it is).
-
-    Example:
-        >>> _lower_median([5.0, 1.0, 2.0, 9.0]), _lower_median([3.0])
-        (2.0, 3.0)
-    """
-    ordered = sorted(samples)
-    return ordered[(len(ordered) - 1) // 2]
 
 
 def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
