@@ -6,9 +6,10 @@
 #   2. build the training prompts   (scripts/build_smollm2_prompts.py: ShareGPT chat, stdlib code, templated math)
 #   3. regenerate the responses     (SmolLM2 greedy, hf-dflash regenerate; resumable: rerun after a kill)
 #   4. train the drafter            (hf-dflash train, the CPU recipe below; features cached on disk; resumable)
-#   5. copy the final drafter into hf_dflash/assets/smollm2-dflash
+#   5. with SHIP=1 only: copy the final drafter into hf_dflash/assets/smollm2-dflash (a side run, e.g.
+#      VARIANT=dflare, must not replace the shipped drafter before it is compared)
 #
-#   scripts/train_smollm2_drafter.sh            # all steps (each one is skipped/resumed when its output exists)
+#   SHIP=1 scripts/train_smollm2_drafter.sh     # all steps (each one is skipped/resumed when its output exists)
 #   PYTHON=.venv/bin/python scripts/train_smollm2_drafter.sh
 #   BUDGET=600 LIMIT=384 scripts/train_smollm2_drafter.sh     # a quick version (~25 min), same recipe
 #
@@ -86,6 +87,10 @@ RESUME=()
   --num-eval-prompts 8 --eval-max-new-tokens 96 --save-every 250 --logging-steps 50 --seed "$SEED" "${RESUME[@]}"
 
 # 5. ship the final drafter (not the checkpoints, not the remote-code copies: hf_dflash loads its own asset) --------
+if [[ "${SHIP:-0}" != 1 ]]; then
+  echo "trained: $OUTPUT (not shipped: rerun with SHIP=1 to copy it into $ASSETS)"
+  exit 0
+fi
 mkdir -p "$ASSETS"
 for name in config.json model.safetensors README.md training_info.json eval.json training_curves.png; do
   [[ -f "$OUTPUT/$name" ]] && cp "$OUTPUT/$name" "$ASSETS/$name"
