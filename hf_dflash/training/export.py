@@ -116,7 +116,7 @@ def training_info(args: DFlashTrainingArguments, num_samples: int, results: dict
         "dataset": args.data,
         "init_drafter": args.init_drafter,
         "num_samples": num_samples,
-        "epochs": args.epochs,
+        "epochs": results.get("epochs", args.epochs),  # trained, not asked for (--epochs is an upper bound)
         "steps": results["steps"],
         "block_size": args.block_size,
         "num_layers": args.num_layers,

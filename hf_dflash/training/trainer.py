@@ -386,10 +386,17 @@ class DFlashTrainer:
                        if self.args.draft_vocab_size else None)
         return inference_drafter(self.model_config, state_dict, self.target, draft_vocab)
 
+    def epochs_trained(self) -> float:
+        """Epochs completed, with the part of the last one that --max-steps or --max-cpu-seconds cut short."""
+        if self.groups_done == 0:
+            return float(self.epoch)
+        return round(self.epoch + self.groups_done / len(self.epoch_groups(self.epoch)), 2)
+
     def finish(self, heldout: dict[str, Any]) -> dict[str, Any]:
         """Measure tau with real generate(), write the drafter + training_info.json + eval.json atomically."""
         state_dict = self.accelerator.get_state_dict(self.model)  # a collective under FSDP: every process calls it
-        results: dict[str, Any] = {"heldout": heldout, "steps": self.global_step, "compute": self.compute_so_far()}
+        results: dict[str, Any] = {"heldout": heldout, "steps": self.global_step, "epochs": self.epochs_trained(),
+                                   "compute": self.compute_so_far()}
         if self.accelerator.is_main_process:
             drafter = self.export_drafter(state_dict)
             results.update(measured_tau(self.target, drafter, self.eval_prompt_ids(), self.args.eval_max_new_tokens))

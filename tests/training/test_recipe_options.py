@@ -425,6 +425,19 @@ def test_draft_vocab_size_exports_the_most_frequent_response_tokens(workdir, dat
     assert info["recipe"]["draft_vocab_size"] == 7
 
 
+def test_training_info_records_the_epochs_trained_not_the_epochs_asked_for(workdir, data_file, target_and_tokenizer):
+    # --epochs is an upper bound: a run that --max-steps stops early must not tell its model card it trained 100 epochs
+    target, tokenizer = target_and_tokenizer
+    args = small_args(data_file, workdir / "epochs", epochs=100, max_steps=7, eval_split=0.0)
+    trainer = DFlashTrainer(args, target, tokenizer)
+    results = trainer.train()
+    trained = round(7 / len(trainer.epoch_groups(0)), 2)  # 7 steps of an epoch's micro-batch groups
+    assert results["epochs"] == trained < 1
+    info = json.loads((Path(args.output_dir) / "training_info.json").read_text())
+    assert info["epochs"] == trained
+    assert f"/ {trained} |" in (Path(args.output_dir) / "README.md").read_text()  # the model card's table
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # resume and DFlare with every option on
 ALL_OPTIONS = dict(distill_weight=0.5, distill_top_k=4, acceptance_loss_weight=0.3, position_weighting="acceptance",
