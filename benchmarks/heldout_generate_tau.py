@@ -16,7 +16,7 @@ import json
 import torch
 
 from hf_dflash.data import chat_input_ids
-from hf_dflash.evaluation.bench import timed_generation
+from hf_dflash.evaluation.acceptance import measure_acceptance_length
 from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_drafter, load_target
 
@@ -37,13 +37,11 @@ def heldout_prompts() -> dict[str, list[str]]:
     }
 
 
-def acceptance_lengths(target, tokenizer, drafter, prompts: list[str], max_new_tokens: int) -> list[int]:
-    """Every verification's acceptance length over `prompts` (full-block chains)."""
-    lengths = []
-    for prompt in prompts:
-        run = timed_generation(target, chat_input_ids(tokenizer, prompt), max_new_tokens, "dflash", drafter)
-        lengths += run.stats.acceptance_lengths
-    return lengths
+def group_tau(target, tokenizer, drafter, prompts: list[str], max_new_tokens: int) -> dict:
+    """:func:`~hf_dflash.evaluation.acceptance.measure_acceptance_length` of `prompts` in the chat template: tau
+    over all their verifications (full-block chains) and how many there were."""
+    ids = [chat_input_ids(tokenizer, prompt)[0].tolist() for prompt in prompts]
+    return measure_acceptance_length(target, drafter, ids, max_new_tokens)
 
 
 def main() -> None:
@@ -58,12 +56,11 @@ def main() -> None:
     groups = heldout_prompts()
     for path in args.drafters:
         drafter = load_drafter(path, target)
-        row, everything = {"drafter": path}, []
-        for name, prompts in groups.items():  # tau over all verifications of a group (accepted drafts + 1 each)
-            lengths = acceptance_lengths(target, tokenizer, drafter, prompts, args.max_new_tokens)
-            row[name] = round(sum(lengths) / len(lengths), 3)
-            everything += lengths
-        row["all"] = round(sum(everything) / len(everything), 3)
+        measured = {name: group_tau(target, tokenizer, drafter, prompts, args.max_new_tokens)
+                    for name, prompts in groups.items()}
+        row = {"drafter": path, **{name: round(m["tau"], 3) for name, m in measured.items()}}
+        verifications = sum(m["num_verifications"] for m in measured.values())  # "all": tau over every verification
+        row["all"] = round(sum(m["tau"] * m["num_verifications"] for m in measured.values()) / verifications, 3)
         print(json.dumps(row), flush=True)
 
 

@@ -390,7 +390,7 @@ class DFlashTrainer:
         """Epochs completed, with the part of the last one that --max-steps or --max-cpu-seconds cut short."""
         if self.groups_done == 0:
             return float(self.epoch)
-        return round(self.epoch + self.groups_done / len(self.epoch_groups(self.epoch)), 2)
+        return round(self.epoch + self.groups_done / self.steps_per_epoch, 2)
 
     def finish(self, heldout: dict[str, Any]) -> dict[str, Any]:
         """Measure tau with real generate(), write the drafter + training_info.json + eval.json atomically."""
