@@ -63,17 +63,25 @@ def watched_tree_run(monkeypatch, kind: str, prompt_seed: int, **kwargs):
     return out, reference, seen, drafter.last_stats
 
 
-@pytest.mark.parametrize("sampling", [{}, dict(do_sample=True, top_k=2)], ids=["greedy", "sampled"])
+# Sampling from the target's top 1 runs the sampled verifier (acceptance by p/q, residual draws) on tokens that are
+# the greedy reference by construction, so the ranked drafters' later siblings are committed on every CPU; the
+# top-2 run's tokens depend on how torch's kernels round on this CPU's instruction set (avx2, avx512, default give
+# other draws), so it checks the context on whatever paths it takes and asserts no coverage.
+SAMPLINGS = {"greedy": {}, "sampled-top1": dict(do_sample=True, top_k=1), "sampled": dict(do_sample=True, top_k=2)}
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
 @pytest.mark.parametrize("kind", ["ranked", "half-ranked", "random"])
 def test_drafter_context_after_each_tree_cycle_is_the_committed_history(kind, sampling, monkeypatch):
     """Ranked drafters put the target's greedy token second behind a decoy, so the tree commits paths through later
-    siblings (greedy: always; sampling from the target's top 2: often); the random drafter's trees are as they
-    come."""
-    out, reference, seen, _ = watched_tree_run(monkeypatch, kind, 4, **sampling)
-    if not sampling:
+    siblings whenever the committed tokens are the greedy ones (greedy, and sampling from the top 1); the random
+    drafter's trees are as they come."""
+    out, reference, seen, _ = watched_tree_run(monkeypatch, kind, 4, **SAMPLINGS[sampling])
+    deterministic = sampling != "sampled"
+    if deterministic:
         assert out.tolist() == reference.tolist()
-    assert seen["checks"] >= 3, seen
-    if kind != "random":
+    assert seen["checks"] >= 3, seen  # a block of 6 commits at most 6 of the 24 new tokens per cycle
+    if kind != "random" and deterministic:
         assert seen["reordered"] >= 2, seen  # the check did meet paths that are not the tree's first nodes
 
 
