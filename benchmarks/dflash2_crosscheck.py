@@ -27,7 +27,7 @@ sampled paths against hf-dflash's q (chi-square, with a negative control), and v
 along vLLM's paths.
 
     bash benchmarks/dflash2_crosscheck.sh             # Markdown on stdout, benchmarks/dflash2_crosscheck.json
-    python benchmarks/dflash2_crosscheck.py --vllm-python /work/vllm/venv/bin/python
+    python benchmarks/dflash2_crosscheck.py --vllm-python "$VLLM_VENV/bin/python"
 
 Exit code 1 when a draft differs or a difference exceeds --tolerance.
 """
@@ -578,9 +578,19 @@ def passed(row: dict, tolerance: float) -> bool:
             and row["law_pvalue"] > 1e-3 and row["wrong_law_pvalue"] < 1e-3)
 
 
+def default_vllm_python() -> str:
+    """``$VLLM_PYTHON``, else ``$VLLM_VENV/bin/python``, else the venv benchmarks/vllm_check.sh creates."""
+    if os.environ.get("VLLM_PYTHON"):
+        return os.environ["VLLM_PYTHON"]
+    cache = Path(os.environ.get("HF_DFLASH_CACHE", Path.home() / ".cache" / "hf_dflash"))
+    return str(Path(os.environ.get("VLLM_VENV", cache / "vllm-venv")) / "bin" / "python")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/work/vllm/venv/bin/python"))
+    parser.add_argument("--vllm-python", default=default_vllm_python(),
+                        help="the vLLM venv's python (default: $VLLM_PYTHON, else $VLLM_VENV/bin/python, else the venv "
+                             "benchmarks/vllm_check.sh creates)")
     parser.add_argument("--vllm-job", help=argparse.SUPPRESS)  # internal: the vLLM side
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--samples", type=int, default=1000, help="sampled walks on the vLLM side")

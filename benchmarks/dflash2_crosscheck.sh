@@ -5,17 +5,17 @@
 #
 #   bash benchmarks/dflash2_crosscheck.sh    # Markdown on stdout, benchmarks/dflash2_crosscheck.json (~6 min here)
 #
-# vLLM pins an older transformers than hf-dflash, so it runs in its own venv: $VLLM_VENV when set, else
-# /work/vllm/venv when it exists, else the one benchmarks/vllm_check.sh creates ($HF_DFLASH_CACHE/vllm-venv, made on
-# first use there). PYTHON (default: python3) is hf-dflash's side; OMP_NUM_THREADS defaults to 1.
+# vLLM pins an older transformers than hf-dflash, so it runs in its own venv: $VLLM_VENV when set, else the one
+# benchmarks/vllm_check.sh creates ($HF_DFLASH_CACHE/vllm-venv, made on first use there). PYTHON (default: the
+# repository's .venv/bin/python when it exists, else python3) is hf-dflash's side; OMP_NUM_THREADS defaults to 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 if [[ -n "${VLLM_VENV:-}" ]]; then
   VENV="$VLLM_VENV"
-elif [[ -x /work/vllm/venv/bin/python ]]; then
-  VENV=/work/vllm/venv
 else
   VENV="$(bash benchmarks/vllm_check.sh --print-venv || true)"
   if [[ ! -x "$VENV/bin/python" ]]; then
