@@ -61,6 +61,10 @@ class DFlashConfig(Qwen3Config):
             draft index i is target token ``i + d2t[i]``, scored by the drafter's own ``lm_head.weight``, the
             target's rows for those tokens), which cuts the drafter's LM head; None (the z-lab layout): the whole
             vocabulary.
+        target_name_or_path (`str`, *optional*):
+            Hub id of the target the drafter was trained for (read by the acceptance checks and the model card).
+            None (published z-lab and AngelSlim configs have no such key): not recorded, and left out of
+            config.json rather than written as null.
 
     Example:
         >>> from hf_dflash import DFlashConfig
@@ -83,6 +87,7 @@ class DFlashConfig(Qwen3Config):
         layer_fusion: bool | None = None,
         split_context_kv: bool | None = None,
         draft_vocab_size: int | None = None,
+        target_name_or_path: str | None = None,
         dflash_config: dict | None = None,
         **kwargs,
     ):
@@ -109,6 +114,7 @@ class DFlashConfig(Qwen3Config):
         self.layer_fusion = is_dflare if layer_fusion is None else bool(layer_fusion)
         self.split_context_kv = is_dflare if split_context_kv is None else bool(split_context_kv)
         self.draft_vocab_size = int(draft_vocab_size) if draft_vocab_size else None
+        self.target_name_or_path = target_name_or_path
         self.extra_dflash_config = nested  # unknown nested keys survive a round trip
         kwargs.setdefault("architectures", architectures)
         window = kwargs.get("sliding_window")
@@ -146,8 +152,9 @@ class DFlashConfig(Qwen3Config):
         for key in ("layer_fusion", "split_context_kv"):
             if output.get(key) == (DFLARE_ARCHITECTURE in output["architectures"]):
                 output.pop(key)
-        if output.get("draft_vocab_size") is None:
-            output.pop("draft_vocab_size", None)
+        for key in ("draft_vocab_size", "target_name_or_path"):  # unset: absent, as in the published layouts
+            if output.get(key) is None:
+                output.pop(key, None)
         return output
 
 

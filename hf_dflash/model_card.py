@@ -21,11 +21,13 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
     variant = "DFlare" if getattr(config, "is_dflare", False) else "DFlash"
     variant = "DFlash2" if getattr(config, "selector_top_k", None) else variant
     # the config's Hub id (save_pretrained sets it, from training_info when needed), never a local folder
-    target = getattr(config, "target_name_or_path", None) or "unknown"
+    recorded = getattr(config, "target_name_or_path", None)
+    target = recorded or UNRECORDED_TARGET
     repo_id = getattr(drafter, "hub_repo_id", None) or info.get("repo_id") or (os.path.basename(os.path.normpath(save_directory)) if save_directory else "")
     tau = info.get("tau")
     return {
-        "title": f"{variant} drafter for {target}",
+        "title": f"{variant} drafter for {recorded}" if recorded else f"{variant} drafter (target not recorded)",
+        **target_fields(config, recorded),
         "variant": variant,
         "variant_tag": variant.lower(),
         "engine_method": "dflash" if variant == "DFlash2" else variant.lower(),  # vLLM: by architecture
@@ -46,6 +48,38 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
                              "vLLM reads it: `d2t` and the target's LM head rows for them as `lm_head.weight`)"
                              if getattr(config, "draft_vocab_size", None) else "the whole vocabulary"),
         "serving_note": SERVING_NOTES[variant],
+    }
+
+
+# Stands in for the target's Hub id in the card's commands when the config does not name it
+UNRECORDED_TARGET = "org/target-model"
+
+
+def target_fields(config, recorded: str | None) -> dict:
+    """The card's lines about the target: a link and the Hub metadata when the config names it, else a plain
+    statement that it was not recorded (published z-lab and AngelSlim configs, a drafter built from a bare config).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> config = SimpleNamespace(num_target_layers=4, hidden_size=64, vocab_size=100)
+        >>> target_fields(config, None)["target_row"]
+        'not recorded (config.json has no `target_name_or_path`); 4 layers'
+        >>> target_fields(config, "org/t")["target_row"]
+        '`org/t` (4 layers)'
+    """
+    layers = f"{config.num_target_layers} layers"
+    if recorded:
+        return {"target_link": f"[`{recorded}`](https://huggingface.co/{recorded})", "base_model_line":
+                f"base_model: {recorded}\n", "target_row": f"`{recorded}` ({layers})", "target_note": ""}
+    return {
+        "target_link": "a target model",
+        "base_model_line": "",
+        "target_row": f"not recorded (config.json has no `target_name_or_path`); {layers}",
+        "target_note": (f"**The target this drafter was trained for was not recorded** in its config. It reads a "
+                        f"target of {layers}, hidden size {config.hidden_size} and a vocabulary of "
+                        f"{config.vocab_size} tokens; the commands below say `{UNRECORDED_TARGET}`: put that "
+                        "target's Hub id there, and record it before saving again: "
+                        "`drafter.config.target_name_or_path = \"org/name\"`.\n\n"),
     }
 
 
