@@ -26,8 +26,8 @@ from transformers.utils import logging
 
 from .data.regenerate import RegenerationArguments, regenerate
 from .evaluation.bench import METHODS, all_identical, run_batch_benchmark, run_benchmark
-from .evaluation.demo import DEFAULT_PROMPTS, run_demo, summary_line
-from .evaluation.prompts import DATASETS, load_eval_prompts
+from .evaluation.demo import run_demo, summary_line
+from .evaluation.prompts import ALL_DATASETS, DATASETS, check_dataset_names, load_eval_prompts
 from .evaluation.report import batch_markdown, markdown_report, save_plot
 from .models import load_drafter, load_target, resolve_device
 from .training import DFlashTrainingArguments, train
@@ -132,7 +132,7 @@ def add_demo_parser(subparsers) -> None:
     )
     add_model_arguments(parser)
     parser.add_argument("--prompt", dest="prompts", nargs="+", default=None,
-                        help="one or more prompts (default: three built-in prompts)")
+                        help="one or more prompts (default: a chat question, a code edit, a question about a long document)")
     parser.set_defaults(func=demo_command, max_new_tokens=128)
 
 
@@ -145,7 +145,7 @@ def demo_command(args: argparse.Namespace) -> int:
         f"{getattr(drafter.config, '_name_or_path', '') or 'untrained'} ({drafter.config.num_hidden_layers} layers, "
         f"block {drafter.config.block_size})"
     )
-    comparisons = run_demo(target, tokenizer, drafter, args.prompts or DEFAULT_PROMPTS, args.max_new_tokens)
+    comparisons = run_demo(target, tokenizer, drafter, args.prompts, args.max_new_tokens)
     print("\n" + summary_line(comparisons))
     return 0 if all(c.identical for c in comparisons) else 1
 
@@ -160,7 +160,7 @@ def add_bench_parser(subparsers) -> None:
     )
     add_model_arguments(parser)
     parser.add_argument("--datasets", type=comma_list, default=",".join(DATASETS),
-                        help=f"comma list of {','.join(DATASETS)}")
+                        help=f"comma list of {','.join(ALL_DATASETS)} (default: the short-question sets)")
     parser.add_argument("--limit", type=int, default=10, help="prompts per dataset")
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds over each dataset; each method's faster run of a prompt counts (a noisy machine)")
@@ -190,9 +190,10 @@ def bench_command(args: argparse.Namespace) -> int:
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list(METHODS)}.")
+    check_dataset_names(args.datasets)
     with_drafter = bool(args.batch_sizes) or any("dflash" in m for m in args.methods)
     target, tokenizer, drafter, _ = load_models_from_args(args, with_drafter)
-    prompts = {name: load_eval_prompts(name, args.limit) for name in args.datasets}
+    prompts = {name: load_eval_prompts(name, args.limit, tokenizer) for name in args.datasets}
     if args.batch_sizes:
         sizes = [int(b) for b in args.batch_sizes]
         pool = [p for texts in prompts.values() for p in texts]

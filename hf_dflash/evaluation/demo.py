@@ -28,11 +28,29 @@ from .bench import Run, first_difference, timed_generation
 
 logger = logging.get_logger(__name__)
 
-DEFAULT_PROMPTS = (
-    "What is the capital of France?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain in two sentences why the sky is blue.",
-)
+CHAT_PROMPT = "Explain in two sentences why the sky is blue."
+
+
+def default_prompts() -> list[tuple[str, str]]:
+    """(kind, prompt): one of each workload users run: a chat question, an edit of a pasted function (the first
+    ``code_edit`` prompt of the bench) and a question about a long document (the first ``doc_qa`` prompt)."""
+    from .prompts import load_eval_prompts
+
+    return [("chat", CHAT_PROMPT), ("code edit", load_eval_prompts("code_edit", 1)[0]),
+            ("document question", load_eval_prompts("doc_qa", 1)[0])]
+
+
+def shortened(prompt: str, width: int = 240) -> str:
+    r"""A long prompt as its start, an ellipsis and its last line (the request).
+
+    Example:
+        >>> shortened("a" * 300 + "\nWhat is it?", width=20)
+        'aaaaaaaaaaaaaaaaaaaa [... 281 characters ...]\nWhat is it?'
+    """
+    if len(prompt) <= width:
+        return prompt
+    last = prompt.rstrip().rsplit("\n", 1)[-1]
+    return f"{prompt[:width]} [... {len(prompt) - width - len(last)} characters ...]\n{last}"
 
 
 @dataclass
@@ -43,6 +61,7 @@ class Comparison:
     text: str
     plain: Run
     dflash: Run
+    kind: str = "prompt"
 
     @property
     def identical(self) -> bool:
@@ -83,20 +102,25 @@ def compare_on_prompt(target, tokenizer, drafter, prompt: str, max_new_tokens: i
     return Comparison(prompt, text, plain, dflash)
 
 
-def run_demo(target, tokenizer, drafter, prompts=DEFAULT_PROMPTS, max_new_tokens: int = 128) -> list[Comparison]:
-    """Warm up, then compare plain and DFlash generation on each prompt, printing answers and figures.
+def run_demo(target, tokenizer, drafter, prompts=None, max_new_tokens: int = 128) -> list[Comparison]:
+    """Warm up, then compare plain and DFlash generation on each prompt (default: :func:`default_prompts`; a prompt
+    may be a string or a (kind, prompt) pair), printing answers and figures.
 
     Example:
         >>> comparisons = run_demo(target, tokenizer, drafter, ["Hi!"], max_new_tokens=16)  # doctest: +SKIP
     """
+    kinds = [p if isinstance(p, tuple) else ("prompt", p) for p in (prompts or default_prompts())]
+    prompts = [p for _, p in kinds]
     warmup_ids = chat_input_ids(tokenizer, prompts[0], target.device)
     for method in ("plain", "dflash_default"):  # first calls pay for lazy initialisation
         timed_generation(target, warmup_ids, min(4, max_new_tokens), method, drafter)
     comparisons = []
-    for i, prompt in enumerate(prompts, 1):
+    for i, (kind, prompt) in enumerate(kinds, 1):
         c = compare_on_prompt(target, tokenizer, drafter, prompt, max_new_tokens)
+        c.kind = kind
         comparisons.append(c)
-        print(f"\n[{i}/{len(prompts)}] {prompt}\n{c.text.strip()}")
+        label = "" if kind == "prompt" else f"{kind}: "
+        print(f"\n[{i}/{len(prompts)}] {label}{shortened(prompt)}\n--- answer ---\n{c.text.strip()}")
         print(
             f"  -> {len(c.dflash.new_tokens)} tokens | plain {c.plain.tokens_per_second:.1f} tok/s | "
             f"dflash {c.dflash.tokens_per_second:.1f} tok/s | tau {c.tau:.2f} | "
@@ -128,7 +152,12 @@ def summary_line(comparisons: list[Comparison]) -> str:
         figures = (f"no speedup on this machine: at tau {tau:.2f} a verify costs what the accepted drafts save, so "
                    f"the default policy decodes plainly ({plain_tps:.1f} tok/s plain, {dflash_tps:.1f} tok/s with the "
                    "drafter)")
+    chat = [c for c in comparisons if c.kind == "chat"]
+    chat_line = "".join(
+        f"\nchat question: {c.speedup:.2f}x" + ("" if c.speedup >= NO_GAIN else
+        f" (drafting does not pay on short chat on this CPU at tau {c.tau:.2f}: the default decodes plainly)")
+        for c in chat)
     return (
-        f"outputs identical: {'yes' if identical else 'NO'} | tau {tau:.2f} | {figures}\n"
+        f"outputs identical: {'yes' if identical else 'NO'} | tau {tau:.2f} | {figures}{chat_line}\n"
         f"on a GPU ({GPU_QUOTE})"
     )

@@ -18,7 +18,7 @@ def test_load_eval_prompts_from_fake_wheels(fake_eval_wheels, cache):
     gsm8k = prompts.load_eval_prompts("gsm8k")
     assert gsm8k[0].startswith("What is 2+3?") and "\\boxed{}" in gsm8k[0]
     assert [p.split("\n")[0] for p in prompts.load_eval_prompts("aime2025")] == ["Find x.", "Find y."]
-    assert prompts.load_eval_prompts("mtbench") == ["Write a poem."]
+    assert prompts.load_eval_prompts("mtbench") == ["Write a poem.", "Who is second?"]
     assert (cache / "data" / "humaneval" / "LICENSE").read_text() == "The MIT License\n"
     assert (cache / "data" / "mtbench" / "LICENSE").read_text().startswith("Apache License")
     assert "license: mit" in (cache / "data" / "aime2025" / "DATASET_CARD.md").read_text()
@@ -27,11 +27,61 @@ def test_load_eval_prompts_from_fake_wheels(fake_eval_wheels, cache):
 
 
 def test_dataset_licenses_are_recorded():
-    assert prompts.DATASET_LICENSES == {
+    assert {name: prompts.DATASET_LICENSES[name] for name in prompts.DATASETS} == {
         "humaneval": "MIT", "gsm8k": "MIT", "aime2025": "MIT", "mtbench": "Apache-2.0"
     }
-    with pytest.raises(ValueError, match="Unknown dataset"):
+    assert set(prompts.DATASET_LICENSES) == set(prompts.ALL_DATASETS)
+    with pytest.raises(ValueError, match="Unknown dataset 'mbpp'; choose from humaneval, .*code_edit, .*context_8k"):
         prompts.load_eval_prompts("mbpp")
+
+
+def test_workload_prompts_from_fake_wheels(fake_eval_wheels, cache):
+    """Offline and deterministic: code edits rewrite a whole given function, documents come with a question or a
+    summary request, multi-turn conversations carry the first turn and its reference answer, and the context sweep
+    cuts the documents to the token budget; each records its licence and source files."""
+    edits = prompts.load_eval_prompts("code_edit")
+    assert "def add(a, b):" in edits[0] and "return a + b" in edits[0] and "`add`" in edits[0]
+    assert "subTwo" not in edits[1] and "comment above every line" in edits[1]
+    assert prompts.camel_case("sub_two") == "subTwo"
+    qa, summaries = prompts.load_eval_prompts("doc_qa"), prompts.load_eval_prompts("summarize")
+    assert qa[0].startswith("mtbench_evaluator/fastchat/docs/openai_api.md line 0") and qa[0].endswith("supported?")
+    assert qa == prompts.load_eval_prompts("doc_qa") and all(p.endswith(prompts.SUMMARIZE) for p in summaries)
+    assert prompts.load_eval_prompts("multi_turn") == [[
+        {"role": "user", "content": "Who is second?"}, {"role": "assistant", "content": "You are second."},
+        {"role": "user", "content": "And last?"}]]
+    assert (cache / "data" / "doc_qa" / "LICENSE").read_text().startswith("Apache License")
+    assert "docs/training.md" in (cache / "data" / "summarize" / "SOURCE.txt").read_text()
+
+    class WordTokenizer:  # one token per word, no chat template
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": list(range(len(text.split())))}
+
+    monkey_lengths = {"context_512": 512, "context_2k": 900}
+    for name, budget in monkey_lengths.items():
+        prompts.CONTEXT_LENGTHS[name], old = budget, prompts.CONTEXT_LENGTHS[name]
+        try:
+            cut = prompts.load_eval_prompts(name, tokenizer=WordTokenizer())
+        finally:
+            prompts.CONTEXT_LENGTHS[name] = old
+        assert [p.endswith(q) for p, q in zip(cut, prompts.DOCUMENTS[0].questions)] == [True, True]
+        assert all(budget - 12 < len(p.split()) <= budget for p in cut), [len(p.split()) for p in cut]
+    with pytest.raises(ValueError, match="tokenizer"):
+        prompts.load_eval_prompts("context_4k")
+
+
+def test_an_unreadable_document_is_a_one_line_error_naming_the_choices(fake_eval_wheels, cache, monkeypatch):
+    monkeypatch.setattr(prompts, "DOCUMENTS", prompts.DOCUMENTS + (prompts.Document("missing/NOTES.md", ("Q?",)),))
+    with pytest.raises(ValueError, match=r"doc_qa: cannot read missing/NOTES.md from nvidia_mtbench.*choose from"):
+        prompts.load_eval_prompts("doc_qa")
+
+
+def test_bench_rejects_an_unknown_dataset_before_loading_models(capsys):
+    from hf_dflash.cli import main
+
+    assert main(["bench", "--target", "/nonexistent", "--datasets", "gsm8k,long_docs"]) == 2
+    assert "Unknown dataset 'long_docs'; choose from humaneval" in capsys.readouterr().err
 
 
 def test_acceptance_summaries():
