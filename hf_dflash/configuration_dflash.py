@@ -72,7 +72,7 @@ class DFlashConfig(Qwen3Config):
         ...                       intermediate_size=128, num_hidden_layers=1, vocab_size=100,
         ...                       target_layer_ids=[1, 2], mask_token_id=99, num_target_layers=4)
         >>> config.to_dict()["dflash_config"]
-        {'mask_token_id': 99, 'target_layer_ids': [1, 2], 'block_size': 16}
+        {'mask_token_id': 99, 'target_layer_ids': [1, 2], 'block_size': 16, 'num_target_layers': 4}
     """
 
     # The interchange format is a Qwen3 config; engines parse it as such.
@@ -135,8 +135,11 @@ class DFlashConfig(Qwen3Config):
             **extra,
             "mask_token_id": output.pop("mask_token_id"),
             "target_layer_ids": output.pop("target_layer_ids"),
-            "block_size": output["block_size"],  # both places: old readers look at the top level
+            # both places: old readers look at the top level, newer ones (and newer checkpoints) in dflash_config
+            "block_size": output["block_size"],
         }
+        if output.get("num_target_layers") is not None:
+            nested["num_target_layers"] = output["num_target_layers"]
         if "sliding_attention" in (output.get("layer_types") or ()):
             # vLLM reads the window from here (its transformers drops a Qwen3 sliding_window without
             # use_sliding_window) and runs windowed layers causally unless told otherwise; ours see the block both

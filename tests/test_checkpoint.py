@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from conftest import make_target
+from conftest import make_target, run_without_hf_dflash, write_zlab_checkpoint
 from transformers import AutoModel, Qwen3ForCausalLM
 
 import hf_dflash
@@ -106,26 +106,6 @@ def test_round_trip_keeps_weights_and_output(saved):
     assert loaded.last_stats.acceptance_lengths == (greedy(target, drafter), drafter.last_stats)[1].acceptance_lengths
 
 
-def write_zlab_checkpoint(source: Path, dest: Path, newer_layout: bool) -> None:
-    """Rewrite our saved folder the way z-lab publishes drafters (older or newer config layout)."""
-    dest.mkdir(parents=True)
-    ours = json.loads((source / "config.json").read_text())
-    config = {k: v for k, v in ours.items() if k not in ("auto_map", "dflash_config", "rope_parameters",
-                                                          "block_size", "num_target_layers")}
-    nested = {k: ours["dflash_config"][k] for k in ("mask_token_id", "target_layer_ids")}
-    config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
-    config["dtype"] = "float32"
-    if newer_layout:
-        nested.update(block_size=ours["block_size"], num_target_layers=ours["num_target_layers"])
-        config["rope_parameters"] = {"rope_type": "default", "rope_theta": ours["rope_parameters"]["rope_theta"]}
-    else:
-        config.update(block_size=ours["block_size"], num_target_layers=ours["num_target_layers"])
-        config["rope_theta"] = ours["rope_parameters"]["rope_theta"]
-    config["dflash_config"] = nested
-    (dest / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(load_file(source / "model.safetensors"), dest / "model.safetensors", metadata={"format": "pt"})
-
-
 @pytest.mark.parametrize("newer_layout", [False, True], ids=["older-top-level-block-size", "newer-nested"])
 def test_loads_published_zlab_layouts_without_remote_code(saved, tmp_path, newer_layout):
     target, drafter, root = saved
@@ -144,17 +124,6 @@ def test_automodel_with_hf_dflash_installed_gives_installed_classes(saved):
     loaded = AutoModel.from_pretrained(saved[2] / "drafter", trust_remote_code=True)
     assert type(loaded) is DFlashDraftModel
     assert type(loaded.config) is hf_dflash.DFlashConfig
-
-
-def run_without_hf_dflash(code: str, env_extra: dict | None = None) -> str:
-    """Run `code` in a fresh interpreter where `import hf_dflash` fails (as on a machine without it)."""
-    prelude = "import sys\nsys.modules['hf_dflash'] = None  # not installed\n"
-    env = {**os.environ, **(env_extra or {})}
-    result = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 REMOTE_GENERATE = """

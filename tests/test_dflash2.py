@@ -26,9 +26,12 @@ from conftest import (
     left_padded,
     make_prompt,
     make_target,
+    own_weights_folder,
+    randomized,
+    recorded_drafts,
     small_args,
 )
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import AutoModel, GenerationConfig
 
 import hf_dflash
@@ -44,24 +47,6 @@ from hf_dflash.modeling_dflash2 import DFlash2GroupedConv
 BLOCK = 8
 DFLASH2_FIELDS = dict(conv_group_size=16, conv_kernel_size=3, selector_rank=8, selector_top_k=4,
                       output_multiplier=1.5, final_logit_softcapping=6.0)
-
-
-def randomized(drafter, seed: int = 0, scale: float = 0.1, selector_scale: float = 0.3):
-    """`drafter` with every weight random (a fresh DFlash2 drafter starts with identity convolutions and a near-zero
-    selector, which would hide the parts under test): convolution base kernels around the identity, kernel
-    projections, selector codebooks (times `selector_scale`) and the rest normal(0, `scale`)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in drafter.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator) * scale
-            if name.endswith("norm.weight"):
-                noise += 1.0
-            elif name.endswith("base_kernel"):
-                noise[:, 0] += 1.0
-            elif "codebook" in name:
-                noise *= selector_scale / scale
-            parameter.copy_(noise)
-    return drafter.eval().requires_grad_(False)
 
 
 def make_dflash2(target, seed: int = 0, num_hidden_layers: int = 2, block_size: int = BLOCK,
@@ -128,41 +113,8 @@ def test_round_trip_by_every_loader(saved, drafter, loader):
     assert loaded.own_embeddings() == (None, None)
 
 
-@contextlib.contextmanager
-def recorded_drafts():
-    """Yields the list of every proposal (drafts as lists) made inside."""
-    original, proposals = DFlashCandidateGenerator.propose, []
-
-    def propose(self, *args, **kwargs):
-        drafts, scores = original(self, *args, **kwargs)
-        proposals.append(drafts.tolist())
-        return drafts, scores
-
-    DFlashCandidateGenerator.propose = propose
-    try:
-        yield proposals
-    finally:
-        DFlashCandidateGenerator.propose = original
-
-
-def own_weights_folder(saved, tmp_path, target):
-    """The saved drafter with its own embed_tokens and lm_head (not the target's: a drafter using the target's would
-    draft differently)."""
-    folder = tmp_path / "own"
-    folder.mkdir()
-    for path in saved.iterdir():
-        if path.suffix in (".json", ".py"):
-            (folder / path.name).write_bytes(path.read_bytes())
-    weights = load_file(saved / "model.safetensors")
-    generator = torch.Generator().manual_seed(7)
-    weights["embed_tokens.weight"] = torch.randn(96, 64, generator=generator) * 0.5
-    weights["lm_head.weight"] = torch.randn(96, 64, generator=generator) * 0.5
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
-
-
 def test_own_embeddings_and_head_load_save_and_draft(saved, tmp_path, target, drafter):
-    folder = own_weights_folder(saved, tmp_path, target)
+    folder = own_weights_folder(saved, tmp_path / "own")
     loaded = DFlashDraftModel.from_pretrained(folder).eval()
     embed, head = loaded.own_embeddings()
     assert torch.equal(embed.weight, load_file(folder / "model.safetensors")["embed_tokens.weight"])
