@@ -12,6 +12,8 @@
 #   SHIP=1 scripts/train_smollm2_drafter.sh     # all steps (each one is skipped/resumed when its output exists)
 #   PYTHON=.venv/bin/python scripts/train_smollm2_drafter.sh
 #   BUDGET=600 LIMIT=384 scripts/train_smollm2_drafter.sh     # a quick version (~25 min), same recipe
+#   STEPS=data scripts/train_smollm2_drafter.sh               # steps 1-3 only (the data), e.g. before a long train
+#   LAYERS=2 LIMIT=768 scripts/train_smollm2_drafter.sh       # 2 drafter layers, from the target's last 2 (issue 35)
 #
 # Data stays under $HF_DFLASH_CACHE (default ~/.cache/hf_dflash)/train, never in the repository. The ShareGPT content
 # has no clear licence: it is used as training prompts only and must not be committed or redistributed.
@@ -46,7 +48,10 @@ PROMPTS="$TRAIN/smollm2_prompts.jsonl"
 REGEN="$TRAIN/smollm2_regen.jsonl"
 DATA="$TRAIN/smollm2_regen_$LIMIT.jsonl"
 VARIANT="${VARIANT:-dflash}"  # dflash or dflare (issue 23 trains both side by side)
+LAYERS="${LAYERS:-1}"         # drafter layers (--init-from-target starts them as the target's last LAYERS layers)
+STEPS="${STEPS:-all}"         # all, or data: stop after step 3
 OUTPUT="$TRAIN/smollm2-$VARIANT-v3-$LIMIT"
+[[ "$LAYERS" != 1 ]] && OUTPUT="$OUTPUT-${LAYERS}layers"  # the 1-layer runs keep their folder names
 FEATURES="$TRAIN/smollm2-features-$LIMIT"
 ASSETS="hf_dflash/assets/smollm2-dflash"
 
@@ -76,14 +81,19 @@ EOF
   mv "$DATA.tmp" "$DATA"
 fi
 
+if [[ "$STEPS" == data ]]; then
+  echo "data: $DATA ($(wc -l < "$DATA") responses; STEPS=data: not training)"
+  exit 0
+fi
+
 # 4. train ----------------------------------------------------------------------------------------------------------
 RESUME=()
 [[ -d "$OUTPUT/checkpoints" ]] && RESUME=(--resume)
 [[ -f "$OUTPUT/eval.json" ]] || $NICE $HF_DFLASH train --target smollm2 --data "$DATA" --output "$OUTPUT" \
-  --variant "$VARIANT" --num-layers 1 --block-size 16 --target-layer-ids 1,8,15,22,27 --position-weighting acceptance \
-  --epochs 100 --max-steps "$MAX_STEPS" --max-cpu-seconds "$BUDGET" --lr 6e-4 --num-anchors 64 --max-length 512 \
-  --batch-size 1 --train-vocab-size 8192 --train-vocab-sampled 1024 --init-from-target \
-  --feature-cache "$FEATURES" --eval-split 0.03 --max-eval-samples 48 --eval-every 500 \
+  --variant "$VARIANT" --num-layers "$LAYERS" --block-size 16 --target-layer-ids 1,8,15,22,27 \
+  --position-weighting acceptance --epochs 100 --max-steps "$MAX_STEPS" --max-cpu-seconds "$BUDGET" --lr 6e-4 \
+  --num-anchors 64 --max-length 512 --batch-size 1 --train-vocab-size 8192 --train-vocab-sampled 1024 \
+  --init-from-target --feature-cache "$FEATURES" --eval-split 0.03 --max-eval-samples 48 --eval-every 500 \
   --num-eval-prompts 8 --eval-max-new-tokens 96 --save-every 250 --logging-steps 50 --seed "$SEED" "${RESUME[@]}"
 
 # 5. ship the final drafter (not the checkpoints, not the remote-code copies: hf_dflash loads its own asset) --------
