@@ -144,9 +144,38 @@ def saved_weight_names(name_or_path, kwargs=None, download: bool = False) -> set
     if index is not None:
         with open(index, encoding="utf-8") as f:
             return set(json.load(f)["weight_map"])
-    single = _local_or_cached_file(name_or_path, "model.safetensors", kwargs, local_files_only=local)
+    header = _safetensors_header(name_or_path, kwargs, local)
+    return None if header is None else set(header)
+
+
+# safetensors' dtype names, as torch names them
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def saved_weight_dtype(name_or_path) -> str | None:
+    """The torch dtype name of the weights a drafter was saved in (its ``fc`` or first floating weight; a
+    single-file safetensors checkpoint in a local folder or the HF cache, nothing downloaded), or None when unknown.
+
+    ``config.dtype`` cannot say it after loading: ``from_pretrained(dtype=...)`` overwrites it with the dtype asked for.
+
+    Example:
+        >>> saved_weight_dtype("my-drafter")  # doctest: +SKIP
+        'float32'
+    """
+    header = _safetensors_header(name_or_path, {}, local_files_only=True) if name_or_path else None
+    if not header:
+        return None
+    floating = [entry["dtype"] for _, entry in sorted(header.items()) if entry.get("dtype", "").startswith(("F", "BF"))]
+    return SAFETENSORS_DTYPES.get(header.get("fc.weight", {}).get("dtype") or (floating[0] if floating else None))
+
+
+def _safetensors_header(name_or_path, kwargs, local_files_only: bool | None) -> dict | None:
+    """{weight name: {"dtype", "shape", ...}} of a single-file safetensors checkpoint, or None where there is none."""
+    single = _local_or_cached_file(name_or_path, "model.safetensors", kwargs, local_files_only=local_files_only)
     if single is None:
         return None
     with open(single, "rb") as f:  # safetensors: 8-byte little-endian header size, then a JSON header
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return set(header) - {"__metadata__"}
+    header.pop("__metadata__", None)
+    return header

@@ -41,6 +41,7 @@ from .candidates_dflash import DFlashCandidateGenerator
 from .checks_dflash import (
     DFLASH_GENERATE_KWARGS,
     DFlashCallOptions,
+    check_acceptance,
     check_drafter_matches_target,
     check_generate_call,
     is_dflash_drafter,
@@ -137,6 +138,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         streamer.end()
     stats.new_tokens = sum(len(h) - input_ids.shape[1] for h in rows.finished)
     stats.total_seconds = time.perf_counter() - start_time
+    stats.low_acceptance = check_acceptance(target, drafter, stats)  # one warning per pair when drafts are never taken
     return generate_output(right_padded(rows.finished, config), recorder, cache, config)
 
 

@@ -4,9 +4,19 @@
 Part of the remote-code payload: imports only torch, transformers and sibling modules.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+# Zero acceptance is never silent (issue 32): a drafter trained for its target accepts its first draft far more often
+# than TRAINED_FLOOR (the shipped SmolLM2 drafter, trained for 20 minutes on a CPU: ~0.37; published ones more), an
+# untrained one or one paired with the wrong target ~0. A pair is reported once its measured rate is at most
+# ALMOST_NEVER and a drafter accepting at TRAINED_FLOOR would accept that few with probability below SURE: zero of
+# 57 first drafts, 2 of 87, 5 of 123.
+TRAINED_FLOOR = 0.15
+ALMOST_NEVER = 0.05
+SURE = 1e-4
 
 
 @dataclass
@@ -36,6 +46,14 @@ class DFlashStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
+    # verifications (per row) of at least one drafter draft, not a plain step or a prompt-lookup chain, and how many
+    # of them accepted the first draft (the default policy's probes count as any other)
+    drafted_verifications: int = 0
+    first_drafts_accepted: int = 0
+    # set when the drafts of this drafter with this target are almost never accepted: the measured rate and the likely
+    # causes (also logged, once per pair; see checks_dflash.check_acceptance)
+    low_acceptance: str | None = None
+    _lookups_verified: int = field(default=0, repr=False)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -52,11 +70,21 @@ class DFlashStats:
     def add_verification(self, rows: list[int], accepted: torch.Tensor, num_drafts: int | None = None) -> None:
         """One verification: original batch row `rows[r]` accepted `accepted[r]` drafts (of `num_drafts` verified,
         which, when given, is counted in ``drafts_per_cycle``)."""
+        # the loop counts a prompt-lookup cycle just before verifying it: those drafts are not the drafter's
+        from_lookup, self._lookups_verified = self.lookup_cycles > self._lookups_verified, self.lookup_cycles
         for row, n in zip(rows, accepted.tolist()):
             self.acceptance_lengths.append(n + 1)
             self.row_acceptance_lengths[row].append(n + 1)
+            if num_drafts != 0 and not from_lookup:
+                self.drafted_verifications += 1
+                self.first_drafts_accepted += int(n > 0)
         if num_drafts is not None:
             self.drafts_per_cycle.append(num_drafts)
+
+    @property
+    def first_draft_acceptance(self) -> float | None:
+        """Share of the drafter's verified blocks whose first draft was accepted (None: none verified)."""
+        return self.first_drafts_accepted / self.drafted_verifications if self.drafted_verifications else None
 
 
 def acceptance_by_position(acceptance_lengths: list[int], block_size: int) -> list[float]:
@@ -68,3 +96,50 @@ def acceptance_by_position(acceptance_lengths: list[int], block_size: int) -> li
     """
     n = max(1, len(acceptance_lengths))
     return [sum(a > k for a in acceptance_lengths) / n for k in range(1, block_size)]
+
+
+@dataclass
+class AcceptanceEvidence:
+    """First-draft acceptances of one (drafter, target) pair over all its generate() calls, and the finding once
+    they show the drafts are almost never accepted.
+
+    Example:
+        >>> evidence = AcceptanceEvidence()
+        >>> evidence.add(DFlashStats(block_size=4, drafted_verifications=56)); evidence.almost_never_accepted()
+        False
+        >>> evidence.add(DFlashStats(block_size=4, drafted_verifications=1)); evidence.almost_never_accepted()
+        True
+    """
+
+    verified: int = 0
+    accepted: int = 0
+    calls: int = 0
+    finding: str | None = None
+
+    def add(self, stats: DFlashStats) -> None:
+        self.verified += stats.drafted_verifications
+        self.accepted += stats.first_drafts_accepted
+        self.calls += 1
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.verified if self.verified else 0.0
+
+    def almost_never_accepted(self) -> bool:
+        """At most ALMOST_NEVER accepted, and too few for a drafter that accepts TRAINED_FLOOR of its first drafts."""
+        if not self.verified or self.accepted > ALMOST_NEVER * self.verified:
+            return False
+        return binomial_cdf(self.accepted, self.verified, TRAINED_FLOOR) < SURE
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), summed in log space (n may be large).
+
+    Example:
+        >>> round(binomial_cdf(0, 57, 0.15), 6), round(binomial_cdf(1, 2, 0.5), 2)
+        (9.5e-05, 0.75)
+    """
+    log_terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p)
+                 + (n - i) * math.log1p(-p) for i in range(k + 1)]
+    top = max(log_terms)
+    return math.exp(top) * sum(math.exp(t - top) for t in log_terms)
