@@ -1,0 +1,118 @@
+"""Regression tests for bugs other DFlash implementations shipped (issue 32 item 5), each named for what it guards.
+
+Already guarded elsewhere: an EOS inside an accepted block stops exactly there (tests/test_generation.py,
+test_eos_inside_accepted_block; trees: tests/test_tree.py, test_eos_inside_tree)."""
+
+import collections
+
+import pytest
+import torch
+from conftest import P_THRESHOLD, chi_square_pvalue, make_drafter, make_prompt, make_target
+from transformers import GenerationConfig
+from transformers.generation import logits_process as lp
+
+from hf_dflash import sampling_dflash
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
+from hf_dflash.training.features import context_features
+
+TEMPERATURE = 0.5
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("qwen3", num_hidden_layers=6, initializer_range=0.1)
+
+
+def test_sampled_drafts_are_scored_with_the_tempered_law_they_were_drawn_with(target, monkeypatch):
+    """The q that accepts a sampled draft is softmax(drafter logits / T), the temperature the target's own tokens
+    get: not the untempered law (an engine that samples drafts at T but accepts them with q at 1, or never tempers the
+    drafts, accepts by the wrong ratio p/q or far fewer drafts)."""
+    drafter, logits, probs = make_drafter(target), [], []
+    draft_logits, accept = DFlashCandidateGenerator.draft_logits, sampling_dflash.speculative_accept
+    monkeypatch.setattr(DFlashCandidateGenerator, "draft_logits",
+                        lambda self, hidden: logits.append(draft_logits(self, hidden)) or logits[-1])
+    monkeypatch.setattr(sampling_dflash, "speculative_accept",
+                        lambda drafts, q, p: probs.append(q) or accept(drafts, q, p))
+    torch.manual_seed(0)
+    target.generate(make_prompt(10), assistant_model=drafter, max_new_tokens=24, do_sample=True,
+                    temperature=TEMPERATURE, top_k=0, top_p=1.0)
+    assert len(probs) == len(logits) > 2
+    for raw, q in zip(logits, probs):
+        expected = (raw[:, 1 : q.shape[1] + 1].float() / TEMPERATURE).softmax(-1)
+        torch.testing.assert_close(q, expected)
+
+
+def test_sampled_drafts_follow_the_q_they_are_scored_with():
+    """Each sampled draft is drawn from the q returned with it (chi-square over many rows), here with temperature,
+    top-k and top-p."""
+    logits = torch.tensor([0.0, 1.0, 2.0, 0.5, -1.0, 1.5])[None, None].expand(4000, 2, -1).contiguous()
+    processors = lp.LogitsProcessorList([lp.TemperatureLogitsWarper(TEMPERATURE), lp.TopKLogitsWarper(4),
+                                         lp.TopPLogitsWarper(0.95)])
+    torch.manual_seed(0)
+    drafts, scores = sampling_dflash.choose_drafts(processors, [torch.tensor([1])] * 4000, logits, do_sample=True)
+    q = scores[0].softmax(-1)
+    assert float(q[0, 4]) == 0.0  # top-k removed the two least likely tokens
+    for position in range(2):
+        counts = collections.Counter(drafts[:, position].tolist())
+        law = {token: float(p) for token, p in enumerate(q[position])}
+        assert chi_square_pvalue(counts, law) > P_THRESHOLD
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("num_drafts", [1, 3])
+def test_sampled_candidates_keep_their_batch_dimension(target, batch, num_drafts, monkeypatch):
+    """With sampling, every cycle's candidates are [batch, 1 + drafts] and their scores [batch, drafts, vocab], also
+    for one row and one draft (where a squeeze or a flat multinomial drops the batch axis)."""
+    drafter, shapes = make_drafter(target), []
+    get_candidates = DFlashCandidateGenerator.get_candidates
+
+    def recording(self, *args, **kwargs):
+        candidates, scores = get_candidates(self, *args, **kwargs)
+        shapes.append((tuple(candidates.shape), None if scores is None else tuple(scores.shape)))
+        return candidates, scores
+
+    monkeypatch.setattr(DFlashCandidateGenerator, "get_candidates", recording)
+    prompts = torch.cat([make_prompt(8, seed=s) for s in range(batch)])
+    torch.manual_seed(0)
+    out = target.generate(prompts, attention_mask=torch.ones_like(prompts), assistant_model=drafter,
+                          max_new_tokens=12, do_sample=True, num_assistant_tokens=num_drafts)
+    assert out.shape == (batch, 8 + 12) and shapes
+    rows = {shape[0][0] for shape in shapes}
+    assert all(c[1] == s[1] + 1 and s[0] == c[0] and s[2] == target.config.vocab_size for c, s in shapes if s)
+    assert rows <= set(range(1, batch + 1)) and batch in rows  # retired rows leave; none is lost to a squeeze
+    generator = DFlashCandidateGenerator(drafter, target, GenerationConfig(do_sample=True,
+                                                                           num_assistant_tokens=num_drafts))
+    ids = make_prompt(8)
+    features = drafter.target_features(target(ids[:, :-1], output_hidden_states=True).hidden_states)
+    candidates, scores = generator.get_candidates(ids, features)
+    assert candidates.shape == (1, 8 + num_drafts) and scores.shape == (1, num_drafts, target.config.vocab_size)
+
+
+def test_target_layer_k_is_read_as_its_output_in_training_and_generation(target, monkeypatch):
+    """Layer k's features are the output of decoder layer k (``hidden_states[k + 1]``: index 0 is the embeddings),
+    the same in training (training/features.py) and in generate (an engine adding or dropping that +1 on one side
+    feeds the drafter features it was not trained on)."""
+    layer_ids = [1, 3]
+    drafter, prompt = make_drafter(target, target_layer_ids=layer_ids), make_prompt(10, seed=2)
+    outputs, contexts, propose = {}, [], DFlashCandidateGenerator.propose
+
+    def keep_first_output(k):
+        def hook(module, args, output):
+            outputs.setdefault(k, output[0] if isinstance(output, tuple) else output)
+        return hook
+
+    def recording(self, histories, context, *args, **kwargs):
+        contexts.append(context)
+        return propose(self, histories, context, *args, **kwargs)
+
+    monkeypatch.setattr(DFlashCandidateGenerator, "propose", recording)
+    hooks = [target.model.layers[k].register_forward_hook(keep_first_output(k)) for k in layer_ids]
+    try:
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=4, do_sample=False)  # prefill: the prompt
+    finally:
+        for hook in hooks:
+            hook.remove()
+    layer_outputs = torch.cat([outputs[k] for k in layer_ids], dim=-1)
+    torch.testing.assert_close(contexts[0], layer_outputs)
+    trained_on = context_features(target, prompt, torch.ones_like(prompt), layer_ids)
+    torch.testing.assert_close(trained_on, layer_outputs)
