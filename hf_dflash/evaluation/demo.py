@@ -25,6 +25,7 @@ from transformers.utils import logging
 
 from ..data.chat import chat_input_ids
 from .bench import Run, first_difference, timed_generation
+from .prompts import load_eval_prompts
 
 logger = logging.get_logger(__name__)
 
@@ -34,8 +35,6 @@ CHAT_PROMPT = "Explain in two sentences why the sky is blue."
 def default_prompts() -> list[tuple[str, str]]:
     """(kind, prompt): one of each workload users run: a chat question, an edit of a pasted function (the first
     ``code_edit`` prompt of the bench) and a question about a long document (the first ``doc_qa`` prompt)."""
-    from .prompts import load_eval_prompts
-
     return [("chat", CHAT_PROMPT), ("code edit", load_eval_prompts("code_edit", 1)[0]),
             ("document question", load_eval_prompts("doc_qa", 1)[0])]
 

