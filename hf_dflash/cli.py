@@ -167,7 +167,9 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--methods", type=comma_list, default=",".join(METHODS),
                         help=f"comma list of {','.join(METHODS)}; plain always runs")
     parser.add_argument("--early-exit-layer", type=int, default=None, help="default: a third of the target's depth")
-    parser.add_argument("--json", default=None, help="write the report as JSON to this file")
+    parser.add_argument("--json", default=None,
+                        help="write the report as JSON to this file; until then each finished prompt is kept in "
+                        "FILE.progress.jsonl, and rerunning the same command after a kill resumes from it")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown to this file")
     parser.add_argument("--plot", default=None, help="write a PNG plot to this file (needs matplotlib)")
     parser.add_argument("--batch-sizes", type=comma_list, default=None,
@@ -180,7 +182,9 @@ def write_outputs(args: argparse.Namespace, report, text: str) -> None:
     """Print the Markdown; write it and the JSON report where --markdown / --json ask."""
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        partial = Path(args.json + ".tmp")
+        partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        partial.replace(args.json)  # atomic: a kill leaves the old report or the new one, never half of one
     if args.markdown:
         Path(args.markdown).write_text(text, encoding="utf-8")
 
@@ -200,11 +204,14 @@ def bench_command(args: argparse.Namespace) -> int:
         rows = run_batch_benchmark(target, tokenizer, drafter, pool, sizes, args.max_new_tokens)
         write_outputs(args, rows, batch_markdown(rows))
         return 0 if all(r["identical"] for r in rows) else 1
+    progress = Path(args.json + ".progress.jsonl") if args.json else None
     report = run_benchmark(
         target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer,
-        repeats=args.repeats,
+        repeats=args.repeats, progress=progress,
     )
     write_outputs(args, report, markdown_report(report))
+    if progress is not None:
+        progress.unlink(missing_ok=True)  # the report holds it all now
     if args.plot:
         save_plot(report, args.plot)
     if not all_identical(report):

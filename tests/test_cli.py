@@ -3,7 +3,10 @@
 
 import json
 
+import pytest
+
 from hf_dflash import cli
+from hf_dflash.evaluation import bench
 
 
 def test_bench_command_writes_json_and_markdown(tiny_folder, fake_eval_wheels, tmp_path):
@@ -19,6 +22,51 @@ def test_bench_command_writes_json_and_markdown(tiny_folder, fake_eval_wheels, t
     assert report["config"]["datasets"] == {"humaneval": 1, "aime2025": 1}
     assert "| humaneval | hf-dflash, full blocks |" in (tmp_path / "bench.md").read_text()
 
+
+
+def test_a_killed_bench_resumes_from_its_progress_file_and_refuses_other_settings(
+        tiny_folder, fake_eval_wheels, tmp_path, monkeypatch, capsys):
+    """A bench killed after its first prompt keeps that prompt's runs; the same command again runs only the rest and
+    writes the whole report (same tokens as an uninterrupted run); other settings are refused before any work."""
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(tiny_folder / "target"), "--drafter", str(tiny_folder / "drafter"),
+            "--datasets", "humaneval,aime2025", "--limit", "1", "--max-new-tokens", "10",
+            "--methods", "plain,dflash", "--json", str(out)]
+    real, calls = bench.timed_generation, []
+
+    def killed_on_the_second_prompt(target, ids, max_new_tokens, method, *rest):
+        calls.append(max_new_tokens)
+        if calls.count(10) > 2:  # warm-up runs use 8 tokens; prompts 1 and 2 run 2 methods each
+            raise KeyboardInterrupt
+        return real(target, ids, max_new_tokens, method, *rest)
+
+    monkeypatch.setattr(bench, "timed_generation", killed_on_the_second_prompt)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args)
+    progress = tmp_path / "bench.json.progress.jsonl"
+    assert not out.exists() and len(progress.read_text().splitlines()) == 2  # settings + the first prompt
+    with open(progress, "a") as f:
+        f.write('{"dataset": "aime')  # a line cut short by the kill
+
+    calls.clear()
+    monkeypatch.setattr(bench, "timed_generation", lambda *a: (calls.append(a[2]), real(*a))[1])
+    assert cli.main(args) == 0
+    assert calls.count(10) == 2 and not progress.exists()  # only the second prompt ran, with both methods
+    resumed = json.loads(out.read_text())
+    assert [p["index"] for p in resumed["per_prompt"]] == [0, 0] and resumed["results"]["overall"]["dflash"]["identical"]
+    assert cli.main(args[:-1] + [str(tmp_path / "fresh.json")]) == 0
+    fresh = json.loads((tmp_path / "fresh.json").read_text())
+    assert [p["dflash"]["new_tokens"] for p in fresh["per_prompt"]] == [p["dflash"]["new_tokens"] for p in resumed["per_prompt"]]
+
+    monkeypatch.setattr(bench, "timed_generation", killed_on_the_second_prompt)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args)
+    calls.clear()
+    assert cli.main(args[:10] + ["11"] + args[11:]) == 2
+    assert calls == []  # refused before any generation
+    error = capsys.readouterr().err
+    assert "max_new_tokens: 10 there, 11 now" in error and "delete it to start over" in error
 
 def test_demo_command_reports_identical_outputs(tiny_folder, capsys):
     code = cli.main([

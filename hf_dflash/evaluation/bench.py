@@ -34,13 +34,12 @@ Example:
 """
 
 import contextlib
-import datetime
+import dataclasses
+import json
 import os
-import platform
 import statistics
-import subprocess
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -52,6 +51,7 @@ from ..policy_dflash import synchronized_clock
 from ..stats_dflash import DFlashStats
 from ..models import pad_token_id, portable_name
 from .acceptance import acceptance_histogram, pooled_acceptance_by_position
+from .machine import OtherLoad, load_average, run_stamp
 from .prompts import DATASET_LICENSES
 
 logger = logging.get_logger(__name__)
@@ -211,6 +211,66 @@ def timed_generation(
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# resuming a killed run
+class BenchProgress:
+    """The finished prompt rounds of a bench run, one JSON line each, so that a killed run resumes where it stopped
+    (a run at 8K-token prompts takes minutes per prompt). The first line records what was asked (target, drafter,
+    methods, tokens, threads...); a rerun asking something else is refused before any work. A line cut short by a
+    kill is ignored, and each line is flushed to disk before the next prompt starts.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "bench.progress.jsonl"
+        >>> BenchProgress(path, {"methods": ["plain"]}).record(("gsm8k", 0, 0), {"plain": Run([1, 2], 0.5, 2)})
+        >>> BenchProgress(path, {"methods": ["plain"]}).done[("gsm8k", 0, 0)]["plain"].new_tokens
+        [1, 2]
+    """
+
+    def __init__(self, path: str | os.PathLike, asked: dict):
+        self.path = Path(path)
+        self.done: dict[tuple[str, int, int], dict[str, Run]] = {}
+        if self.path.exists():
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            recorded = json.loads(lines[0]) if lines else None
+            if recorded is not None and recorded != asked:
+                changed = sorted(k for k in set(asked) | set(recorded) if asked.get(k) != recorded.get(k))
+                differences = "; ".join(f"{k}: {recorded.get(k)!r} there, {asked.get(k)!r} now" for k in changed)
+                raise ValueError(f"{self.path} holds a bench run of other settings ({differences}); delete it to "
+                                 "start over, or pass the same settings to resume it.")
+            for line in lines[1:]:
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # the last line of a killed run
+                    continue
+                runs = {method: run_from_json(run) for method, run in entry["runs"].items()}
+                self.done[(entry["dataset"], entry["index"], entry["round"])] = runs
+            if self.done:
+                logger.warning(f"Resuming the bench from {self.path}: {len(self.done)} prompt runs already done.")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._append(asked)
+
+    def record(self, key: tuple[str, int, int], runs: dict[str, Run]) -> None:
+        dataset, index, round_ = key
+        self._append({"dataset": dataset, "index": index, "round": round_,
+                      "runs": {method: dataclasses.asdict(run) for method, run in runs.items()}})
+        self.done[key] = runs
+
+    def _append(self, entry: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def run_from_json(entry: dict) -> Run:
+    """A :class:`Run` as :class:`BenchProgress` wrote it (``dataclasses.asdict``)."""
+    stats = entry.get("stats")
+    return Run(entry["new_tokens"], entry["seconds"], entry["target_forwards"],
+               None if stats is None else DFlashStats(**stats))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # summaries
 @dataclass
 class PromptResult:
@@ -330,91 +390,6 @@ def chosen_drafts(stats: list[DFlashStats]) -> dict[int, int]:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the benchmark
-def cpu_model() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def source_commit() -> str | None:
-    """The git commit of the hf_dflash checkout that runs (with ``+dirty`` for uncommitted changes), None when it
-    is an installed copy."""
-    folder = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+dirty" if dirty else "")
-
-
-def busy_cpu_seconds() -> float | None:
-    """CPU-seconds all processes have spent busy since boot (Linux: /proc/stat), None elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError, IndexError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-class OtherLoad:
-    """Cores kept busy by OTHER processes while a measurement runs: the machine's busy CPU time minus this
-    process's own, over the wall time (a quiet machine reads ~0; one other single-threaded job, ~1).
-
-    Example:
-        >>> load = OtherLoad(); load.cores() is None or load.cores() >= 0
-        True
-    """
-
-    def __init__(self):
-        self.start = (busy_cpu_seconds(), self.own_seconds(), synchronized_clock("cpu"))
-
-    @staticmethod
-    def own_seconds() -> float:
-        times = os.times()
-        return times.user + times.system
-
-    def cores(self) -> float | None:
-        busy, own, wall = busy_cpu_seconds(), self.own_seconds(), synchronized_clock("cpu")
-        if busy is None or self.start[0] is None or wall <= self.start[2]:
-            return None
-        return max(0.0, round(((busy - self.start[0]) - (own - self.start[1])) / (wall - self.start[2]), 2))
-
-
-def run_stamp(device) -> dict:
-    """When, where and with what a measurement ran: UTC time, commit, library versions, CPU, cores, torch threads.
-
-    Example:
-        >>> sorted(run_stamp("cpu"))[:4]
-        ['commit', 'cores', 'cpu', 'date']
-    """
-    import transformers
-
-    from .. import __version__
-
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": source_commit(),
-        "hf_dflash": __version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "device": str(device),
-        "gpu": torch.cuda.get_device_name(device) if str(device).startswith("cuda") else None,
-    }
-
-
 def run_benchmark(
     target,
     tokenizer,
@@ -425,6 +400,7 @@ def run_benchmark(
     early_exit_layer: int | None = None,
     warmup: bool = True,
     repeats: int = 1,
+    progress: str | os.PathLike | None = None,
 ) -> dict:
     """Run every method on every prompt (interleaved, rotating order) and return the JSON-ready report.
 
@@ -435,6 +411,8 @@ def run_benchmark(
             moves by ~10% on a shared machine; a load spike only ever slows a run). Rounds go over the whole dataset
             in order, so the call before each prompt's run is the same in every round (the default policy carries
             what it learned from one call to the next).
+        progress: a JSON-lines file that records each finished prompt round; a rerun with the same file and
+            settings skips what it holds (see :class:`BenchProgress`).
 
     Returns:
         ``{"config": ..., "results": {dataset or "overall": {method: {"tau", "tokens_per_s", "speedup",
@@ -453,8 +431,10 @@ def run_benchmark(
         raise ValueError("The dflash methods need a drafter.")
     early_exit_layer = early_exit_layer or default_early_exit_layer(target)
     device = target.device
-    other_load = OtherLoad()
+    other_load, load_before = OtherLoad(), load_average()
     encoded = {name: [chat_input_ids(tokenizer, p, device) for p in texts] for name, texts in prompts.items()}
+    config = bench_config(target, drafter, encoded, methods, max_new_tokens, repeats, early_exit_layer)
+    journal = None if progress is None else BenchProgress(progress, config)
     counter = ForwardCounter(target)
     try:
         if warmup and any(encoded.values()):
@@ -469,10 +449,17 @@ def run_benchmark(
                 for round_ in range(repeats):
                     for result, ids in zip(dataset, batch):
                         bar.set_postfix_str(f"{name} #{result.index}" + (f" round {round_ + 1}" if repeats > 1 else ""))
-                        shift = (len(results) + result.index + round_) % len(methods)
-                        for method in methods[shift:] + methods[:shift]:
-                            result.keep_faster(method, timed_generation(
-                                target, ids, max_new_tokens, method, drafter, early_exit_layer, counter))
+                        key = (name, result.index, round_)
+                        runs = None if journal is None else journal.done.get(key)
+                        if runs is None:
+                            shift = (len(results) + result.index + round_) % len(methods)
+                            runs = {method: timed_generation(target, ids, max_new_tokens, method, drafter,
+                                                             early_exit_layer, counter)
+                                    for method in methods[shift:] + methods[:shift]}
+                            if journal is not None:
+                                journal.record(key, runs)
+                        for method, run in runs.items():
+                            result.keep_faster(method, run)
                         bar.update(1)
                 for result in dataset:
                     for method in methods[1:]:
@@ -484,30 +471,14 @@ def run_benchmark(
     finally:
         counter.remove()
 
-    report = {"machine": {**run_stamp(device), "other_load_cores": other_load.cores()},
-              "config": {}, "results": {}, "per_prompt": []}
+    report = {"machine": {**run_stamp(device, load_before), "other_load_cores": other_load.cores()},
+              "config": config, "results": {}, "per_prompt": []}
     for name in encoded:
         subset = [r for r in results if r.dataset == name]
         if subset:
             report["results"][name] = summary_of(subset, methods)
     if results:
         report["results"]["overall"] = summary_of(results, methods)
-    drafter_name = None if drafter is None else getattr(drafter.config, "_name_or_path", "") or "untrained"
-    report["config"] = {  # names without this machine's paths
-        "target": portable_name(getattr(target.config, "_name_or_path", "") or type(target).__name__),
-        "drafter": None if drafter_name is None else portable_name(drafter_name),
-        "block_size": drafter.config.block_size if drafter is not None else None,
-        "device": str(device),
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "max_new_tokens": max_new_tokens,
-        "repeats": repeats,
-        "methods": methods,
-        "early_exit_layer": early_exit_layer,
-        "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
-        "datasets": {name: len(batch) for name, batch in encoded.items()},
-        "dataset_licenses": {name: DATASET_LICENSES.get(name) for name in encoded},
-    }
     for r in results:
         report["per_prompt"].append({
             "dataset": r.dataset,
@@ -524,6 +495,28 @@ def run_benchmark(
             },
         })
     return report
+
+
+def bench_config(target, drafter, encoded: dict, methods: list[str], max_new_tokens: int, repeats: int,
+                 early_exit_layer: int) -> dict:
+    """What a bench run asks for (the report's ``config``; a resumed run must ask the same), without this machine's
+    paths."""
+    drafter_name = None if drafter is None else getattr(drafter.config, "_name_or_path", "") or "untrained"
+    return {
+        "target": portable_name(getattr(target.config, "_name_or_path", "") or type(target).__name__),
+        "drafter": None if drafter_name is None else portable_name(drafter_name),
+        "block_size": drafter.config.block_size if drafter is not None else None,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "methods": methods,
+        "early_exit_layer": early_exit_layer,
+        "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
+        "datasets": {name: len(batch) for name, batch in encoded.items()},
+        "dataset_licenses": {name: DATASET_LICENSES.get(name) for name in encoded},
+    }
 
 
 def all_identical(report: dict) -> bool:

@@ -16,6 +16,24 @@ def _fmt(value, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def machine_line(machine: dict | None) -> list[str]:
+    """The run's stamp as one line (none for a report that has no stamp).
+
+    Example:
+        >>> machine_line({"date": "2026-12-03T08:00:00Z", "commit": "abc", "cpu": "AMD EPYC", "cores": 2,
+        ...               "threads": 1, "torch": "2.13.0", "transformers": "5.24.0", "hf_dflash": "0.1.0",
+        ...               "load_average_1min": {"before": 1.02, "after": 1.1}, "other_load_cores": 0.98})
+        ['Run 2026-12-03T08:00:00Z, commit abc, AMD EPYC (2 cores), 1 threads, torch 2.13.0, transformers 5.24.0, hf-dflash 0.1.0; load average 1.02 before, 1.1 after; other processes kept 0.98 cores busy.']
+    """
+    if not machine:
+        return []
+    load = machine.get("load_average_1min") or {}
+    return [f"Run {machine.get('date')}, commit {machine.get('commit')}, {machine.get('cpu')} ({machine.get('cores')} "
+            f"cores), {machine.get('threads')} threads, torch {machine.get('torch')}, transformers "
+            f"{machine.get('transformers')}, hf-dflash {machine.get('hf_dflash')}; load average {load.get('before')} "
+            f"before, {load.get('after')} after; other processes kept {machine.get('other_load_cores')} cores busy."]
+
+
 def markdown_report(report: dict) -> str:
     """The report as Markdown tables: methods side by side, then DFlash's per-cycle costs and acceptance.
 
@@ -27,6 +45,7 @@ def markdown_report(report: dict) -> str:
         f"Target `{config['target']}`, drafter `{config['drafter']}` (block {config['block_size']}), "
         f"{config['device']}/{config['dtype']}, {config['threads']} threads, greedy, max_new_tokens="
         f"{config['max_new_tokens']}, prompts per dataset: {config['datasets']}.",
+        *machine_line(report.get("machine")),
         "",
         "| dataset | method | tau | tokens/s (median) | speedup (median) | identical |",
         "|---|---|---|---|---|---|",
