@@ -3,7 +3,7 @@
 #
 #   scripts/ablate_smollm2_dflare.sh            # after scripts/train_smollm2_drafter.sh built the regenerated data
 #   VARIANTS="dflash dflare" scripts/ablate_smollm2_dflare.sh
-#   CONTINUE=1 scripts/ablate_smollm2_dflare.sh   # as in BENCHMARKS.md (+ DFlash/DFlare trained further)
+#   CONTINUE=1 scripts/ablate_smollm2_dflare.sh   # as in docs/benchmarks/history/2026-11-29-dflare-ablation.md (+ DFlash/DFlare trained further)
 #
 # Every variant trains from the same seed on the same samples (the first $SAMPLES regenerated ones), for the same
 # epochs (hence the same optimizer steps and anchors), with the same drafter depth and target layers; only the
@@ -15,7 +15,7 @@
 #   dflare       all three                                                    (the DFlare paper)
 # Then each drafter is measured by `hf-dflash bench` against plain generate, side by side in one process
 # (greedy, --threads 1). Results: $ABLATION/<variant>/eval.json and $ABLATION/bench-<variant>.json; the table in
-# BENCHMARKS.md was filled from them.
+# docs/benchmarks/history/2026-11-29-dflare-ablation.md was filled from them.
 set -euo pipefail
 
 source "$(dirname "$0")/common.sh"

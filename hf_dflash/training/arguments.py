@@ -55,7 +55,7 @@ def _layer_ids(text: str) -> list[int]:
 class DFlashTrainingArguments:
     """Arguments of :class:`DFlashTrainer` (the `hf-dflash train` command). Defaults follow the paper's recipe, except
     the position weighting: measured weights (``position_weighting="acceptance"``, D-PACE-like) led fixed weights at
-    every point of a 20-CPU-minute comparison (BENCHMARKS.md, "Recipe options at equal CPU time")."""
+    every point of a 20-CPU-minute comparison (docs/benchmarks/history/2026-12-01-recipe-options.md)."""
 
     target: str = field(metadata={"help": "Target model: local folder or Hub id.", "required": True})
     data: str = field(metadata={"help": "Regenerated data (JSONL/Parquet/datasets folder) from `regenerate`.",
