@@ -12,6 +12,11 @@ plain generate in one process, with CUDA events, and projected to the published 
 Checks (exit code 1 if any fails): greedy output identical to plain generate in fp32 (must) for chain, tree and
 default policy; bf16 identical or the first difference reported (near-ties may break differently, README);
 DFlashStats times are synchronised (their sum is within 10% of the CUDA-event wall time).
+
+Long context (bf16, ``--context-lengths``): plain generate, full blocks and the default policy after prompts of 512 to
+32K tokens, at the published chain acceptance: speedup, the drafter's and the target's milliseconds per cycle (the
+drafter's grow with the context it attends to), and peak ``torch.cuda.max_memory_allocated`` of each, ours against
+plain's; ``fp32`` outputs must be identical at every length, bf16 differences are reported.
 """
 
 import argparse
@@ -92,6 +97,45 @@ def timed(fn, device):
     return out, time.perf_counter() - begin
 
 
+def peak_memory(fn, device):
+    """(result, seconds, peak bytes allocated during `fn`; None on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    out, seconds = timed(fn, device)
+    return out, seconds, torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def long_context_rows(target, drafter, lengths: list[int], new_tokens: int, device) -> dict:
+    """Plain, full blocks and the default policy after prompts of each length, at the published chain acceptance:
+    speed, per-cycle times and peak memory, ours against plain's."""
+    rows = {}
+    rate = rate_for_tau(PUBLISHED_TAU["dflash_chain"])
+    vocab = target.config.vocab_size
+    for length in lengths:
+        ids = torch.randint(0, vocab, (1, length), device=device, generator=torch.Generator(device=device).manual_seed(2))
+        settings = dict(max_new_tokens=new_tokens, do_sample=False)
+        plain, plain_s, plain_peak = peak_memory(lambda: target.generate(ids, **settings), device)
+        continuation = plain[0, length:].tolist()
+        row = {"plain": {"seconds": plain_s, "peak_bytes": plain_peak}}
+        for method, extra in {"chain": {"dflash_policy": "full"}, "default": {}}.items():
+            with oracle_drafts(continuation, rate):
+                out, seconds, peak = peak_memory(
+                    lambda: target.generate(ids, assistant_model=drafter, **settings, **extra), device)
+            stats = drafter.last_stats
+            cycles = max(1, stats.num_verifications)
+            row[method] = {
+                "seconds": seconds, "speedup": plain_s / seconds, "tau": stats.mean_acceptance_length,
+                "identical": out[0, length:].tolist() == continuation, "peak_bytes": peak,
+                "peak_over_plain": peak / plain_peak if peak and plain_peak else None,
+                "draft_ms_per_cycle": 1e3 * stats.draft_seconds / cycles,
+                "verify_ms_per_cycle": 1e3 * stats.verify_seconds / cycles,
+            }
+        rows[str(length)] = row
+        print(f"long context {length}: " + json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -99,6 +143,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--prompt-length", type=int, default=512)
     parser.add_argument("--tree-budget", type=int, default=32)
+    parser.add_argument("--context-lengths", default="512,8192,32768",
+                        help="prompt lengths of the long-context case (bf16), comma list; empty to skip")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -108,7 +154,7 @@ def main() -> int:
     ok = True
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
-        config = Qwen3Config(**shape, max_position_embeddings=4096, tie_word_embeddings=False)
+        config = Qwen3Config(**shape, max_position_embeddings=40960, tie_word_embeddings=False)
         with torch.device(device):
             target = Qwen3ForCausalLM(config).to(dtype).eval().requires_grad_(False)
         drafter = hf_dflash.DFlashDraftModel.from_target(target, num_hidden_layers=1 if args.tiny else 5,
@@ -150,6 +196,9 @@ def main() -> int:
                     ok = False
                 if device.type == "cuda" and not 0.6 <= timed_sum / seconds <= 1.1:
                     ok = False
+        if dtype == torch.bfloat16 and args.context_lengths:
+            lengths = [int(n) for n in args.context_lengths.split(",") if n]
+            report["long_context"] = long_context_rows(target, drafter, lengths, min(args.max_new_tokens, 128), device)
         target = drafter = None  # free the memory before the next dtype
         if device.type == "cuda":
             torch.cuda.empty_cache()

