@@ -43,12 +43,25 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
         "dataset": info.get("dataset", "unknown"),
         "num_samples": info.get("num_samples", "unknown"),
         "epochs": info.get("epochs", "unknown"),
-        "tau": f"{tau:.2f}" if isinstance(tau, (int, float)) else "not measured",
+        "tau": tau_text(tau, info.get("tau_measured_on")),
         "draft_vocabulary": (f"the {config.draft_vocab_size:,} most frequent response tokens (EAGLE-3 layout, as "
                              "vLLM reads it: `d2t` and the target's LM head rows for them as `lm_head.weight`)"
                              if getattr(config, "draft_vocab_size", None) else "the whole vocabulary"),
         "serving_note": SERVING_NOTES[variant],
     }
+
+
+def tau_text(tau, measured_on: str | None) -> str:
+    """The card's tau: the figure and what it was measured on (prompts, tokens, policy), since a tau means nothing
+    without them.
+
+    Example:
+        >>> tau_text(1.4512, "11 unseen prompts, 64 new tokens, full blocks"), tau_text(None, None)
+        ('1.451 (11 unseen prompts, 64 new tokens, full blocks)', 'not measured')
+    """
+    if not isinstance(tau, (int, float)):
+        return "not measured"
+    return f"{tau:.3f} ({measured_on})" if measured_on else f"{tau:.3f}"
 
 
 # Stands in for the target's Hub id in the card's commands when the config does not name it

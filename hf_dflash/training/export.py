@@ -95,6 +95,17 @@ def measured_tau(target, drafter: DFlashDraftModel, prompts: list[list[int]], ma
     return {"generate": measured, "tau": measured["tau"]}
 
 
+def tau_measured_on(generate: dict[str, Any] | None, prompts: str = "held-out prompts") -> str | None:
+    """What the trainer's tau was measured on, for training_info.json and the model card.
+
+    >>> tau_measured_on({"num_prompts": 8, "max_new_tokens": 96})
+    '8 held-out prompts, 96 new tokens, greedy, full blocks'
+    """
+    if not generate:
+        return None
+    return f"{generate['num_prompts']} {prompts}, {generate['max_new_tokens']} new tokens, greedy, full blocks"
+
+
 def recipe_options(args: DFlashTrainingArguments) -> dict[str, Any]:
     """The issue-13 recipe options this run changed from their defaults (recorded in training_info.json).
 
@@ -123,6 +134,8 @@ def training_info(args: DFlashTrainingArguments, num_samples: int, results: dict
         "learning_rate": args.lr,
         "max_length": args.max_length,
         "tau": results.get("tau"),
+        "tau_measured_on": tau_measured_on(results.get("generate"),
+                                           "prompts of --eval-prompts" if args.eval_prompts else "held-out prompts"),
         "heldout_acceptance_length": heldout.get("acceptance_length"),
         "heldout_accuracy": heldout.get("accuracy"),
     }
