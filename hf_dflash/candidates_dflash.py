@@ -210,7 +210,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         ).last_hidden_state
         self.cache.crop(-self.block_size)  # keep the context K/V only
         rows = gemm_friendly_rows(num_drafts + 1, device, batch)
-        hidden = hidden[:, :rows].to(self.lm_head.weight.device)
+        # the target's LM head scores the drafter's states in the target's dtype (the drafter may run in another)
+        hidden = hidden[:, :rows].to(device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype)
         logits = self.draft_logits(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
         if self.selector is None:
             return choose_drafts(self.logits_processor, histories, logits, self.do_sample)

@@ -138,10 +138,30 @@ def check_drafter_matches_target(target, drafter) -> None:
         raise ValueError(f"Drafter block_size={cfg.block_size} drafts nothing; use a block_size >= 2.")
 
 
+# Drafters already warned about for being quantized: one warning per drafter, not one per call
+_WARNED_QUANTIZED: weakref.WeakSet = weakref.WeakSet()
+
+
+def warn_quantized_drafter(drafter) -> None:
+    """A quantized drafter is served (the target verifies every draft, so output stays exact) but warned about once,
+    with the reason: quantizing a drafter of a few layers saves little (it costs a few percent of the target) and
+    changes the numbers its drafts come from, so fewer of them are accepted."""
+    if drafter in _WARNED_QUANTIZED or not is_quantized(drafter):
+        return
+    _WARNED_QUANTIZED.add(drafter)
+    logger.warning(
+        f"The DFlash drafter {type(drafter).__name__} is quantized. Output stays exact (the target verifies every "
+        "draft), but a drafter of a few layers loses accepted drafts to quantization (its quantized kernels and "
+        "rounding are not what it was trained with) while saving little: it costs a few percent of the target. "
+        "Load the drafter unquantized, in the dtype it was saved in; the target may stay quantized."
+    )
+
+
 def check_generate_call(target, drafter, args: tuple, kwargs: dict, options: dict | None = None) -> DFlashCallOptions:
     """Validate a ``generate(assistant_model=drafter, ...)`` call before any work is done; returns its resolved
     DFlash options (`options`: its ``dflash_*`` arguments, see :func:`resolve_call_options`)."""
     check_drafter_matches_target(target, drafter)
+    warn_quantized_drafter(drafter)
     check_target_rewindable(target)
     base_config = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
     generation_config, _ = target._prepare_generation_config(base_config, **{

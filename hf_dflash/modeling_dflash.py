@@ -329,6 +329,9 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + n_ctx + q_len, device=noise_embeds.device)[None]
+        # The target's embeddings and features come in the target's dtype, which may not be this drafter's (a bf16
+        # drafter next to an fp32 target, or the reverse): the drafter reads them in its own
+        noise_embeds = noise_embeds.to(self.norm.weight.dtype)
         if context_hidden_states is not None:
             context_hidden_states = context_hidden_states.to(noise_embeds.dtype)
         contexts = self.project_context(context_hidden_states)
