@@ -1,5 +1,5 @@
 """Chain tau of SmolLM2 drafters with real ``generate()`` on 11 prompts that neither training nor the bench sees
-(BENCHMARKS.md, issue 23: how the shipped drafter is chosen).
+(BENCHMARKS.md: the shipped drafter's one tau, and how drafters are compared before one is shipped).
 
 The prompts: the real-model test's 3 (tests/evaluation/test_smollm2.py), HumanEval and GSM8K prompts 3-6 (the
 bench's ``--limit`` 2-3 takes 0-2; the training prompts are built with the evaluation sets kept out). Greedy, fp32,

@@ -6,7 +6,7 @@ t(1) one decoding step, t(verify) one verify forward over [anchor + 15 drafts], 
 before it, t(restore) copying them back, t(re-advance k) one target forward over the k committed tokens. The loop pays
 save every cycle and restore + re-advance only after a partial acceptance (k = accepted + 1 < 16).
 
-    python benchmarks/hybrid_rollback.py --threads 2 --json benchmarks/hybrid_rollback.json
+    python benchmarks/hybrid_rollback.py --threads 2 --json hybrid_rollback.json
 """
 
 import argparse

@@ -1,15 +1,15 @@
-"""Learning curves of several drafter training runs on one CPU-time axis (BENCHMARKS.md, issue 23).
+"""Learning curves of several drafter training runs on one CPU-time axis (BENCHMARKS.md, "Training").
 
 Left: held-out expected acceptance length (the trainer's eval) against training CPU-minutes; right: held-out
 accuracy by draft position at each run's last eval. A run is `LABEL=LOG.jsonl` (the trainer's `training_log.jsonl`),
 with `@MINUTES` appended when it started from a drafter that had already trained that long (its curve starts there).
 `--points LABEL=MIN:TAU,MIN:TAU` adds measured points that have no log (e.g. a table's quarter-budget values).
 
-    python benchmarks/plot_train_runs.py --output benchmarks/train_smollm2_long_runs.png \\
-        "run 1: DFlash, best recipe from scratch, 768 prompts=benchmarks/train_smollm2_v3_768_log.jsonl" \\
-        "DFlare twin of run 1 (same data, recipe, steps)=benchmarks/train_smollm2_dflare_768_log.jsonl" \\
-        "run 2: DFlash, best recipe from scratch, 1,536 prompts=benchmarks/train_smollm2_v3_1536_log.jsonl" \\
-        "run 3: shipped drafter trained on (from its 5,801 CPU-s)=benchmarks/train_smollm2_cont_1536_log.jsonl@96.7" \\
+    python benchmarks/plot_train_runs.py --output benchmarks/results/2026-12-02-train-long-runs/train_smollm2_long_runs.png \\
+        "run 1: DFlash, best recipe from scratch, 768 prompts=benchmarks/results/2026-12-01-train-run1-768/train_smollm2_v3_768_log.jsonl" \\
+        "DFlare twin of run 1 (same data, recipe, steps)=benchmarks/results/2026-12-02-train-dflare-twin-768/train_smollm2_dflare_768_log.jsonl" \\
+        "run 2: DFlash, best recipe from scratch, 1,536 prompts=benchmarks/results/2026-12-02-train-run2-1536/train_smollm2_v3_1536_log.jsonl" \\
+        "run 3: shipped drafter trained on (from its 5,801 CPU-s)=benchmarks/results/2026-12-02-train-shipped-continuation/train_smollm2_cont_1536_log.jsonl@96.7" \\
         --points "20-min recipes, features cached: measured weights=0:1,5:1.264,10:1.312,15:1.415,20:1.503" \\
         --points "20-min recipes, features cached: sampled head=0:1,5:1.096,10:1.152,15:1.213,20:1.279"
 """

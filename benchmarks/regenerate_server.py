@@ -1,8 +1,8 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""Regeneration on a real vLLM server against in-process regeneration (issue 20, item 3).
+"""Regeneration on a real vLLM server against in-process regeneration (BENCHMARKS.md, "Engines").
 
 Starts vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``, from the vLLM venv that
-``benchmarks/vllm_check.sh`` creates or ``$VLLM_VENV``) on the offline SmolLM2-135M-Instruct in fp32, or uses
+``benchmarks/conformance/vllm_check.sh`` creates or ``$VLLM_VENV``) on the offline SmolLM2-135M-Instruct in fp32, or uses
 ``--url`` of one already running, then regenerates the same greedy prompts (MT-Bench, HumanEval, GSM8K) twice:
 ``hf-dflash regenerate`` in-process and ``hf-dflash regenerate --server URL``. Reports how many records carry the
 same token ids (and where the first differing token of the others is), where the server's ids came from, and
@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from datetime import date
 from pathlib import Path
 
 from hf_dflash.data import RegenerationArguments, regenerate
@@ -38,7 +39,7 @@ STARTUP_SECONDS = 900
 
 
 def default_vllm_python() -> str:
-    """The vLLM venv's python: ``$VLLM_VENV``, else the venv benchmarks/vllm_check.sh creates."""
+    """The vLLM venv's python: ``$VLLM_VENV``, else the venv benchmarks/conformance/vllm_check.sh creates."""
     cache = Path(os.environ.get("HF_DFLASH_CACHE", Path.home() / ".cache" / "hf_dflash"))
     return str(Path(os.environ.get("VLLM_VENV", cache / "vllm-venv")) / "bin" / "python")
 
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="in-process batch size")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight on the server")
     parser.add_argument("--workdir", default=None, help="default: a fresh temporary folder")
-    parser.add_argument("--json", default="benchmarks/regenerate_server.json")
+    parser.add_argument("--json", default=None,
+                        help="default: benchmarks/results/<today>-regenerate-server/regenerate_server.json")
     parser.add_argument("--require-identical", action="store_true")
     options = parser.parse_args(argv)
 
@@ -190,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                    "tokens_per_second": response_tokens(served) / served_seconds},
         "comparison": compare(local, served),
     }
-    Path(options.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    path = Path(options.json or Path(__file__).resolve().parent / "results" / f"{date.today():%Y-%m-%d}-regenerate-server"
+                / "regenerate_server.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(markdown(report))
     same = report["comparison"]
     if same["missing_on_server"]:

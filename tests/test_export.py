@@ -215,7 +215,7 @@ def test_serving_problems_name_what_vllm_reads_differently():
 
 def test_dflare_is_saved_under_an_architecture_vllm_refuses_and_the_card_says_so(target, tmp_path):
     """vLLM's dflash method loads `DFlash{arch}` for an architecture not named DFlash (EAGLEConfig), and its
-    registry has no DFlashQwenDFlareDraftModel: it refuses the folder at load (measured: benchmarks/vllm_check.py)."""
+    registry has no DFlashQwenDFlareDraftModel: it refuses the folder at load (measured: benchmarks/conformance/vllm_check.py)."""
     drafter = drafter_for(target, layer_fusion=True)
     drafter.save_pretrained(tmp_path / "dflare")
     config = json.loads((tmp_path / "dflare" / "config.json").read_text())

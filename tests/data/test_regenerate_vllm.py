@@ -1,8 +1,8 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """``hf-dflash regenerate --server`` against a real vLLM server (issue 20): benchmarks/regenerate_server.py, slow.
 
-Opt-in: ``HF_DFLASH_VLLM_CHECK=1`` and a vLLM venv (``$VLLM_VENV``, else the one benchmarks/vllm_check.sh creates;
-``bash benchmarks/vllm_check.sh --print-venv`` names it). Starts vLLM's OpenAI server on the offline SmolLM2 in fp32
+Opt-in: ``HF_DFLASH_VLLM_CHECK=1`` and a vLLM venv (``$VLLM_VENV``, else the one benchmarks/conformance/vllm_check.sh creates;
+``bash benchmarks/conformance/vllm_check.sh --print-venv`` names it). Starts vLLM's OpenAI server on the offline SmolLM2 in fp32
 (~2 minutes here), regenerates 4 greedy prompts in-process and through the server, and checks that the server's
 records carry the engine's token ids, equal to the in-process ones, and that `hf-dflash train` trains a drafter on
 the server-made file (a few steps, the CLI a user runs).
@@ -25,7 +25,7 @@ def vllm_python() -> Path | None:
     if os.environ.get("VLLM_VENV"):
         venv = Path(os.environ["VLLM_VENV"])
     else:
-        found = subprocess.run(["bash", str(ROOT / "benchmarks" / "vllm_check.sh"), "--print-venv"],
+        found = subprocess.run(["bash", str(ROOT / "benchmarks" / "conformance" / "vllm_check.sh"), "--print-venv"],
                                capture_output=True, text=True)
         venv = Path(found.stdout.strip()) if found.returncode == 0 else None
     return venv / "bin" / "python" if venv is not None and (venv / "bin" / "python").exists() else None
@@ -34,7 +34,7 @@ def vllm_python() -> Path | None:
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not os.environ.get("HF_DFLASH_VLLM_CHECK") or vllm_python() is None,
-                       reason="opt-in: HF_DFLASH_VLLM_CHECK=1 and a vLLM venv (VLLM_VENV or benchmarks/vllm_check.sh)"),
+                       reason="opt-in: HF_DFLASH_VLLM_CHECK=1 and a vLLM venv (VLLM_VENV or benchmarks/conformance/vllm_check.sh)"),
 ]
 
 

@@ -1,5 +1,5 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""Cross-implementation check (issue 21): a tiny random DFlash2 drafter, run by hf-dflash and by vLLM's own DFlash2
+"""Cross-implementation check: a tiny random DFlash2 drafter, run by hf-dflash and by vLLM's own DFlash2
 code on the same weights and inputs, gives the same logits, candidates, selector scores and drafted path.
 
 vLLM's CPU engine cannot run DFlash2 end to end (its DFlash2 speculator lives in the V2 model runner, which needs
@@ -12,7 +12,7 @@ installed, to the checkpoint's weights, in its own venv (it pins an older transf
     ``RMSNorm`` and ``get_rope`` (the context K/V as ``precompute_and_store_context_kv`` computes them: fc, hidden_norm,
     k/v projection, k_norm, RoPE; the attention core as a plain non-causal softmax): the one part not run as vLLM's
     code, since its ``Attention`` needs the engine's KV cache; the DFlash attention itself is checked in the real
-    engine by benchmarks/vllm_check.sh (issue 20);
+    engine by benchmarks/conformance/vllm_check.sh;
   - candidates and unary scores by ``DFlash2Qwen3ForCausalLM.compute_candidates`` (``LogitsProcessor.get_top_k_tokens``
     with output_multiplier and final_logit_softcapping), the edge scores by ``CandidateSelector.forward``
     (``_score_edges``);
@@ -26,8 +26,8 @@ records every cycle's drafts and committed tokens, and the vLLM side drafts each
 sampled paths against hf-dflash's q (chi-square, with a negative control), and vLLM's cached q against hf-dflash's
 along vLLM's paths.
 
-    bash benchmarks/dflash2_crosscheck.sh             # Markdown on stdout, benchmarks/dflash2_crosscheck.json
-    python benchmarks/dflash2_crosscheck.py --vllm-python "$VLLM_VENV/bin/python"
+    bash benchmarks/conformance/dflash2_crosscheck.sh             # Markdown on stdout, JSON in benchmarks/results/<today>-dflash2-crosscheck/
+    python benchmarks/conformance/dflash2_crosscheck.py --vllm-python "$VLLM_VENV/bin/python"
 
 Exit code 1 when a draft differs or a difference exceeds --tolerance.
 """
@@ -41,12 +41,14 @@ import os
 import subprocess
 import sys
 import tempfile
+from datetime import date
 from pathlib import Path
 
 VOCAB, HIDDEN, BLOCK, TOP_K, TEMPERATURE = 256, 64, 8, 4, 0.8
 DFLASH2 = dict(conv_group_size=16, conv_kernel_size=3, selector_rank=8, selector_top_k=TOP_K, output_multiplier=1.5,
                final_logit_softcapping=6.0, input_embedding_scale=1.25)
 SAMPLED_STEPS = 3  # the sampled-path law is checked on the joint of the first drafts: K^3 = 64 cells
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # benchmarks/results: one dated folder per run
 VLLM_ROOT_ENV = "DFLASH2_CROSSCHECK_VLLM_ROOT"
 
 
@@ -579,7 +581,7 @@ def passed(row: dict, tolerance: float) -> bool:
 
 
 def default_vllm_python() -> str:
-    """``$VLLM_PYTHON``, else ``$VLLM_VENV/bin/python``, else the venv benchmarks/vllm_check.sh creates."""
+    """``$VLLM_PYTHON``, else ``$VLLM_VENV/bin/python``, else the venv benchmarks/conformance/vllm_check.sh creates."""
     if os.environ.get("VLLM_PYTHON"):
         return os.environ["VLLM_PYTHON"]
     cache = Path(os.environ.get("HF_DFLASH_CACHE", Path.home() / ".cache" / "hf_dflash"))
@@ -590,13 +592,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-python", default=default_vllm_python(),
                         help="the vLLM venv's python (default: $VLLM_PYTHON, else $VLLM_VENV/bin/python, else the venv "
-                             "benchmarks/vllm_check.sh creates)")
+                             "benchmarks/conformance/vllm_check.sh creates)")
     parser.add_argument("--vllm-job", help=argparse.SUPPRESS)  # internal: the vLLM side
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--samples", type=int, default=1000, help="sampled walks on the vLLM side")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest fp32 difference accepted")
     parser.add_argument("--timeout", type=int, default=1800)
-    parser.add_argument("--json", default=str(Path(__file__).with_name("dflash2_crosscheck.json")))
+    parser.add_argument("--json", default=None,
+                        help="default: benchmarks/results/<today>-dflash2-crosscheck/dflash2_crosscheck.json")
     args = parser.parse_args(argv)
     if args.vllm_job:
         vllm_side(args.vllm_job)
@@ -609,7 +612,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                             ("own embeddings/head", True))]
     print(markdown(rows))
     ok = all(passed(row, args.tolerance) for row in rows)
-    Path(args.json).write_text(json.dumps({"rows": rows, "passed": ok, "tolerance": args.tolerance}, indent=2) + "\n")
+    path = Path(args.json or RESULTS / f"{date.today():%Y-%m-%d}-dflash2-crosscheck" / "dflash2_crosscheck.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rows": rows, "passed": ok, "tolerance": args.tolerance}, indent=2) + "\n")
     print(f"\n{'PASSED' if ok else 'FAILED'} (tolerance {args.tolerance})")
     return 0 if ok else 1
 

