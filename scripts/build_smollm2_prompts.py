@@ -17,7 +17,7 @@ that contain (the start of) any of them are dropped, and standard-library functi
 point are skipped.
 
     python scripts/build_smollm2_prompts.py                       # -> ~/.cache/hf_dflash/train/smollm2_prompts.jsonl
-    python scripts/build_smollm2_prompts.py --num-prompts 400 --seed 1 --output /tmp/p.jsonl
+    python scripts/build_smollm2_prompts.py --num-prompts 400 --seed 1 --output prompts.jsonl
 """
 
 from __future__ import annotations

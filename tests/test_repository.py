@@ -1,15 +1,60 @@
-"""What the repository itself records: the shipped drafter's model card is the one hf-dflash writes from its config
-and training_info.json (so its tau is the one figure training_info.json and eval.json carry)."""
+"""What the repository itself records: no committed file names a folder of the machine it was made on (as
+tests/test_export.py checks for saved drafters), and the shipped drafter's model card is the one hf-dflash writes from
+its config and training_info.json (so its tau is the one figure training_info.json and eval.json carry)."""
 
 import json
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from hf_dflash.configuration_dflash import DFlashConfig
 from hf_dflash.model_card import render_model_card
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "hf_dflash" / "assets" / "smollm2-dflash"
+
+# A folder of one machine: a path under root, home, tmp, work, Users or mnt at the top of its file system (not part
+# of a URL or of a longer path, and not a bare prefix such as the one tests/test_export.py looks for)
+LOCAL_PATH = re.compile(r"(?<![\w.~$/:-])/(?:root|home|tmp|work|Users|mnt)/[^\s\"'`)\]},]+")
+DOCTEST = re.compile(r"^\s*(>>>|\.\.\.) ")  # an example input of a function that maps such paths to portable names
+
+
+def tracked_text_files() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / name for name in listed.decode().split("\0") if name]
+
+
+def local_paths(path: Path) -> list[str]:
+    """``file:line: path`` for each absolute local path in a text file (binary files have none to read)."""
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):  # deleted in the working tree, or a submodule
+        return []
+    if b"\0" in data:
+        return []
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    relative = path.relative_to(ROOT).as_posix()
+    return [f"{relative}:{number}: {match}" for number, line in enumerate(text.splitlines(), 1)
+            if not DOCTEST.match(line) for match in LOCAL_PATH.findall(line)]
+
+
+def test_local_paths_are_found_and_named():
+    assert LOCAL_PATH.findall('"drafter": "' + "/" + 'work/main/hf_dflash/assets/x"') == ["/" + "work/main/hf_dflash/assets/x"]
+    assert not LOCAL_PATH.findall('~/.cache/hf_dflash https://example.org/home/page "/tmp/" not in text a/tmp/b')
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists() or shutil.which("git") is None, reason="not a git checkout")
+def test_no_committed_file_names_a_local_folder():
+    found = [hit for path in tracked_text_files() for hit in local_paths(path)]
+    assert not found, ("absolute local paths committed (write a Hub id, a path relative to the repository, "
+                       "hf_dflash.models.portable_name(...) or ~/...):\n" + "\n".join(found))
 
 
 def test_the_shipped_model_card_is_the_one_its_training_info_renders():
