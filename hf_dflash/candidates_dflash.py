@@ -129,7 +129,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
                 lookup, size = prompt_lookup_match(histories[0], self.lookup_tokens, self.lookup_ngram)
                 lookup = lookup if room is None else lookup[: max(room, 0)]
                 self.policy.observe_lookup_offer(histories[0], lookup, size)
-            chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size)
+            chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size,
+                                                     context=max(len(h) for h in histories))
             if chosen == 0 or from_lookup or not self.full_blocks:
                 # the policy caps a chain; a tree (full_blocks) keeps the drafter's whole block whenever it runs
                 num_drafts = min(num_drafts, chosen)

@@ -165,21 +165,40 @@ def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float
     return envelope[::-1]
 
 
-# target -> {(device, dtype, batch): CostTable}: measured once, refined by every generate() call; weakly keyed, so the
-# tables go with the target (a new model never inherits a collected one's costs, as an id() key could)
+# target -> {(device, dtype, batch, context bucket): CostTable}: measured once, refined by every generate() call;
+# weakly keyed, so the tables go with the target (a new model never inherits a collected one's costs, as an id() key
+# could)
 _COST_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # drafter -> what the cost-aware policy learned of its acceptance (gone with the drafter)
 _POLICY_MEMORY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def cost_tables(target) -> dict:
-    """{(device, dtype, batch): CostTable} measured for `target` in this process (a new, empty dict the first time)."""
+    """{(device, dtype, batch, context bucket): CostTable} measured for `target` in this process (a new, empty dict
+    the first time)."""
     return _COST_TABLES.setdefault(target, {})
 
 
-def cost_table(target, device, batch: int) -> CostTable:
-    """The :class:`CostTable` of `target` on `device` at batch size `batch`."""
-    return cost_tables(target).setdefault((str(device), str(target.dtype), batch), CostTable())
+def context_bucket(tokens: int) -> int:
+    """The cost table's bucket for a cached context of `tokens`: 0 below 1,024 tokens, then one per doubling.
+
+    Costs change with the context a forward attends to: a one-row step reads the whole cache, a verify of k rows reads
+    it once, so t(k)/t(1) falls as the context grows (SmolLM2-135M, one CPU thread: t(16)/t(1) ~2.2 at 200 cached
+    tokens, lower at 4K). Costs measured on short prompts must not decide for long ones, nor the reverse: a user
+    switching between a chat and a long document gets each one's own costs (a new bucket costs one full block and one
+    plain step to measure, once per process).
+
+    Example:
+        >>> [context_bucket(n) for n in (0, 1023, 1024, 2047, 2048, 4096, 8000, 32768)]
+        [0, 0, 1, 1, 2, 3, 3, 6]
+    """
+    return (tokens // 1024).bit_length()
+
+
+def cost_table(target, device, batch: int, context: int = 0) -> CostTable:
+    """The :class:`CostTable` of `target` on `device` at batch size `batch` with about `context` tokens cached."""
+    key = (str(device), str(target.dtype), batch, context_bucket(context))
+    return cost_tables(target).setdefault(key, CostTable())
 
 
 def policy_memory(drafter) -> dict:
@@ -210,8 +229,8 @@ class CostAwarePolicy:
       - the lookup source needs no probing: every cycle's offer, taken or not, is scored against the tokens
         committed after it (:meth:`observe_lookup_offer`), so copy-heavy text is found from its first cycles and a
         lookup that stops holding is dropped, at no cost.
-    Costs are robust to noise (:class:`CostTable`: the least of the recent samples) and kept with the target they
-    describe; acceptance statistics and the probing schedule carry over to the drafter's next calls. Output never
+    Costs are robust to noise (:class:`CostTable`: the lower median of the recent samples, t(1) their least) and kept
+    with the target they describe, per length of context (:func:`context_bucket`); acceptance statistics and the probing schedule carry over to the drafter's next calls. Output never
     depends on the choice.
     """
 
@@ -240,6 +259,7 @@ class CostAwarePolicy:
         self.cycles = 0
         self.tree_expected, self.tree_accepted = 0.0, 0.0  # trees: drafts the drafter expected vs those accepted
         self.lookup_offers: list[tuple[int, list[int], int]] = []  # (text length, drafts, n-gram size) not scored yet
+        self.context = 0  # tokens of text this cycle's forwards attend to (the costs of its length are used)
         # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
         self.memory = memory if memory is not None else {}
         if self.memory.get("most") == most:
@@ -262,7 +282,7 @@ class CostAwarePolicy:
         self.memory.update(most=self.most, state={name: getattr(self, name) for name in self.REMEMBERED})
 
     def table(self, batch: int, device) -> CostTable:
-        return cost_table(self.target, device, batch)
+        return cost_table(self.target, device, batch, self.context)
 
     def acceptance_rates(self, doubt: float = 0.0) -> list[float]:
         return _rates(self.accepted, self.reached, doubt=doubt)
@@ -335,9 +355,12 @@ class CostAwarePolicy:
                 self.accepted[depth] += float(depth < n)
         self._remember()
 
-    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0) -> tuple[int, bool]:
+    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0,
+               context: int = 0) -> tuple[int, bool]:
         """(draft count k, whether the drafts come from the prompt lookup) for the next cycle; `lookup_length`
-        tokens of lookup continuation are on offer (0: none), found by an n-gram of `lookup_size` tokens."""
+        tokens of lookup continuation are on offer (0: none), found by an n-gram of `lookup_size` tokens; `context`
+        tokens of text so far (the cycle's costs, and those it observes, are those of that length: :func:`context_bucket`)."""
+        self.context = context
         table = self.table(batch, device)
         width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
         self.cycles += 1

@@ -75,8 +75,8 @@ def every_policy_path():
         found = real_lookup(history, num_tokens, max_ngram, min_ngram)
         return found if found[0] else (history[-num_tokens:].tolist(), max_ngram)
 
-    def choose(self, batch, device, lookup_length=0, lookup_size=0):
-        real = real_choose(self, batch, device, lookup_length, lookup_size)
+    def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
+        real = real_choose(self, batch, device, lookup_length, lookup_size, context)
         turn = len(made) % 4
         choice = {0: real, 1: (0, False), 2: (min(lookup_length, 3), True) if lookup_length else real}.get(
             turn, (self.most, False))
@@ -90,10 +90,10 @@ def every_policy_path():
         yield made
 
 
-def install_cost_table(monkeypatch, target, table, batch: int = 1) -> None:
-    """The cost-aware policy reads `table` for `target` on the CPU at `batch` until the test ends (then the
-    process-wide tables are as before: no test sees another's costs)."""
-    monkeypatch.setitem(cost_tables(target), ("cpu", str(target.dtype), batch), table)
+def install_cost_table(monkeypatch, target, table, batch: int = 1, bucket: int = 0) -> None:
+    """The cost-aware policy reads `table` for `target` on the CPU at `batch` (for contexts of `bucket`: tiny prompts
+    are in bucket 0) until the test ends (then the process-wide tables are as before: no test sees another's costs)."""
+    monkeypatch.setitem(cost_tables(target), ("cpu", str(target.dtype), batch, bucket), table)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

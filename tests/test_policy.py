@@ -92,6 +92,33 @@ def test_a_fresh_target_never_inherits_a_collected_ones_costs():
                    for t in tables.values())
 
 
+def test_each_length_of_context_has_its_own_costs(monkeypatch):
+    """A long context makes a one-row step dear (it reads the whole cache) while a wide verify reads it once: drafting
+    that loses after a short prompt can win after a long one. The policy reads, and records, the costs of the
+    context it is at: what a short chat measured never decides a long document's cycles, nor the reverse."""
+    policy = policy_with(monkeypatch, {1: 0.010, 16: 0.030}, draft=0.005, rate=0.5)  # short: t(16) = 3 t(1)
+    long_costs = CostTable()
+    for width, seconds in {1: 0.030, 16: 0.036}.items():  # ~5K cached tokens: t(16) = 1.2 t(1)
+        long_costs.observe_verify(width, seconds)
+    long_costs.observe_draft(0.005)
+    install_cost_table(monkeypatch, policy.target, long_costs, bucket=3)
+    assert policy.choose(1, "cpu", context=5000)[0] >= 3
+    policy.observe_costs(1, "cpu", 1, 0.031)  # what a cycle at 5K tokens measured goes to the 5K table
+    assert list(long_costs.verify_samples[1]) == [0.030, 0.031]
+    assert [policy.choose(1, "cpu", context=200)[0] for _ in range(3)] == [0, 0, 0]
+    assert cost_table(policy.target, "cpu", 1, context=200).verify[1] == 0.010
+
+
+def test_the_candidate_generator_tells_the_policy_how_long_the_text_is(monkeypatch):
+    target = cached_target("qwen3")
+    drafter = make_drafter(target, block_size=8)
+    prompt = make_prompt(9, seed=5)
+    seen, choose = [], CostAwarePolicy.choose
+    monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *a, **k: (seen.append(k["context"]),
+                                                                           choose(self, *a, **k))[1])
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=12, dflash_policy="cost")
+    assert seen[0] == prompt.shape[1] + 1 and seen == sorted(seen) and seen[-1] < prompt.shape[1] + 12  # + its first token
+
 def test_interpolated_verify_costs():
     table = CostTable()
     table.observe_verify(1, 1.0)
@@ -145,7 +172,7 @@ def test_plain_steps_still_feed_the_drafter_every_position(lookups):
     original = DFlashCandidateGenerator.propose
     schedule = iter([0, 0, 5, 0, 5, 0, 0, 0, 5] + [5] * 20)  # (the first cycle is the prefill's; then these)
 
-    def choose(self, batch, device, lookup_length=0, lookup_size=0):
+    def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
         k = next(schedule)
         return (lookup_length, True) if lookups and k == 0 and lookup_length else (k, False)
 
@@ -273,7 +300,7 @@ def test_lookup_offers_are_rated_whether_verified_or_not(monkeypatch):
 
 def forced_lookups(monkeypatch):
     """Every cycle with a lookup continuation on offer verifies all of it; the drafter drafts full blocks otherwise."""
-    def choose(self, batch, device, lookup_length=0, lookup_size=0):
+    def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
         return (lookup_length, True) if lookup_length else (self.most, False)
 
     monkeypatch.setattr(CostAwarePolicy, "choose", choose)

@@ -300,7 +300,7 @@ REPEATING_PROMPT = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7]])  #
 
 def sample_with_lookups(monkeypatch, calls: int, seed: int):
     """Batch-1 samples where every cycle with a lookup continuation on offer verifies it (the drafter otherwise)."""
-    def choose(self, batch, device, lookup_length=0, lookup_size=0):
+    def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
         return (lookup_length, True) if lookup_length else (self.most, False)
 
     monkeypatch.setattr(CostAwarePolicy, "choose", choose)
