@@ -31,6 +31,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import hf_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
+from hf_dflash.evaluation.machine import load_average, run_stamp
 
 
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -149,6 +150,7 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device(args.device)
     shape = TINY if args.tiny else QWEN3_8B
+    load_before = load_average()
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "shape": shape,
               "checks": {}, "timings": {}}
     ok = True
@@ -203,6 +205,7 @@ def main() -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     report["ok"] = ok
+    report["machine"] = run_stamp(device, load_before)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

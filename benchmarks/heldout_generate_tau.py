@@ -6,6 +6,10 @@ bench's ``--limit`` 2-3 takes 0-2; the training prompts are built with the evalu
 full blocks (``dflash_policy="full"``: every cycle drafts the whole block, so tau is the drafter's, not the policy's).
 
     python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash ~/.cache/hf_dflash/train/run/final
+    python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash --json tau.json   # rows + machine stamp
+
+A JSON line per drafter on stdout; with ``--json FILE`` also the rows with the run's stamp (date, commit, versions,
+CPU, threads, load average before and after).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import torch
 
 from hf_dflash.data import chat_input_ids
 from hf_dflash.evaluation.acceptance import measure_acceptance_length
+from hf_dflash.evaluation.machine import load_average, run_stamp
 from hf_dflash.evaluation.prompts import load_eval_prompts
-from hf_dflash.models import load_drafter, load_target
+from hf_dflash.models import load_drafter, load_target, portable_name
 
 TEST_PROMPTS = (  # tests/evaluation/test_smollm2.py's PROMPTS
     "What is the capital of France?",
@@ -49,19 +54,29 @@ def main() -> None:
     parser.add_argument("drafters", nargs="+", help="drafter folders")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the rows and the run's stamp to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    load_before = load_average()
 
     target, tokenizer = load_target()
     groups = heldout_prompts()
+    rows = []
     for path in args.drafters:
         drafter = load_drafter(path, target)
         measured = {name: group_tau(target, tokenizer, drafter, prompts, args.max_new_tokens)
                     for name, prompts in groups.items()}
-        row = {"drafter": path, **{name: round(m["tau"], 3) for name, m in measured.items()}}
+        row = {"drafter": portable_name(path), **{name: round(m["tau"], 3) for name, m in measured.items()}}
         verifications = sum(m["num_verifications"] for m in measured.values())  # "all": tau over every verification
         row["all"] = round(sum(m["tau"] * m["num_verifications"] for m in measured.values()) / verifications, 3)
         print(json.dumps(row), flush=True)
+        rows.append(row)
+    if args.json:
+        report = {"machine": run_stamp("cpu", load_before), "max_new_tokens": args.max_new_tokens,
+                  "prompts": {name: len(prompts) for name, prompts in groups.items()}, "policy": "full blocks, greedy",
+                  "rows": rows}
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

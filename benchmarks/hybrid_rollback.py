@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from hf_dflash.cache_dflash import RecurrentStates
+from hf_dflash.evaluation.machine import load_average, run_stamp
 
 
 def timed(fn, repeats: int) -> float:
@@ -42,6 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    load_before = load_average()
     heads = args.hidden_size // 64
     config = Qwen3_5TextConfig(
         vocab_size=32000, hidden_size=args.hidden_size, intermediate_size=3 * args.hidden_size,
@@ -79,6 +81,7 @@ def main() -> None:
     }
     states.save()
     results["config"]["state_bytes"] = sum(s.numel() * s.element_size() for d in states.saved for s in d.values())
+    results["machine"] = run_stamp("cpu", load_before)
     print(json.dumps(results, indent=2))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -31,6 +31,7 @@ from datetime import date
 from pathlib import Path
 
 from hf_dflash.data import RegenerationArguments, regenerate
+from hf_dflash.evaluation.machine import load_average, run_stamp
 from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_target, smollm2_folder
 
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require-identical", action="store_true")
     options = parser.parse_args(argv)
 
+    load_before = load_average()
     workdir = Path(options.workdir or tempfile.mkdtemp(prefix="regenerate-server-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model = smollm2_folder()
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             stop_server(process)
     report = {
+        "machine": run_stamp("cpu", load_before),
         "prompts": count, "max_new_tokens": options.max_new_tokens, "batch_size": options.batch_size,
         "concurrency": options.concurrency, "server_startup_seconds": startup,
         "threads": os.environ.get("OMP_NUM_THREADS"),

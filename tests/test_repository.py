@@ -72,3 +72,15 @@ def test_the_shipped_drafter_has_one_tau():
     assert info["tau"] == results["tau"] == results["unseen_prompts"]["tau"]
     assert f"{info['tau']:.3f}" in (SHIPPED / "README.md").read_text(encoding="utf-8")
     assert info["tau_measured_on"] and results["unseen_prompts"]["command"].startswith("python benchmarks/")
+
+
+def test_every_measuring_script_stamps_the_json_it_writes():
+    """A script under benchmarks/ with a --json option records when, where and under what load it ran: it calls
+    run_stamp (hf_dflash.evaluation.machine) or hf-dflash bench's run_benchmark, which does."""
+    scripts = [path for path in tracked_text_files()
+               if path.suffix == ".py" and path.relative_to(ROOT).parts[0] == "benchmarks"
+               and '"--json"' in path.read_text(encoding="utf-8")]
+    assert len(scripts) >= 6
+    unstamped = [path.relative_to(ROOT).as_posix() for path in scripts
+                 if not re.search(r"\b(run_stamp|run_benchmark)\(", path.read_text(encoding="utf-8"))]
+    assert not unstamped, f"these write JSON without the run's stamp (run_stamp): {unstamped}"

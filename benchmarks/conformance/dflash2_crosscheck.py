@@ -606,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    from hf_dflash.evaluation.machine import load_average, run_stamp
+
+    load_before = load_average()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as workdir:
         rows = [run_case(name, own, args, Path(workdir)) for name, own in (("shared embeddings/head", False),
@@ -614,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(passed(row, args.tolerance) for row in rows)
     path = Path(args.json or RESULTS / f"{date.today():%Y-%m-%d}-dflash2-crosscheck" / "dflash2_crosscheck.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"rows": rows, "passed": ok, "tolerance": args.tolerance}, indent=2) + "\n")
+    report = {"machine": run_stamp("cpu", load_before), "rows": rows, "passed": ok, "tolerance": args.tolerance}
+    path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{'PASSED' if ok else 'FAILED'} (tolerance {args.tolerance})")
     return 0 if ok else 1
 

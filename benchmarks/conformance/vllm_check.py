@@ -416,6 +416,9 @@ def check(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_dflash.evaluation.machine import load_average, run_stamp
+
+    load_before = load_average()
     torch.set_num_threads(args.threads)
     kinds = [k for k in KINDS if (not args.tiny or k.target in TINY_TARGETS)
              and (not args.kinds or k.name in args.kinds)]
@@ -447,7 +450,8 @@ def check(args: argparse.Namespace) -> int:
     text = markdown(rows, meta)
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+        report = {"machine": run_stamp("cpu", load_before), "meta": meta, "rows": rows}
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if all(r["ok"] is not False for r in rows) else 1
 
 
