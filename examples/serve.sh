@@ -8,7 +8,8 @@ engine=${1:?vllm or sglang}; target=${2:?target}; drafter=${3:?drafter}; block=$
 
 case "$engine" in
   vllm)
-    # num_speculative_tokens = block_size - 1; a DFlare drafter uses "method": "dflare"
+    # num_speculative_tokens = block_size - 1. vLLM 0.32 serves DFlash (and, on GPUs, DFlash2) drafters with
+    # "method": "dflash"; it has no DFlare architecture and refuses DFlare drafters at load (docs/serving.md)
     vllm serve "$target" --speculative-config \
       "{\"method\": \"dflash\", \"model\": \"$drafter\", \"num_speculative_tokens\": $((block - 1))}"
     ;;

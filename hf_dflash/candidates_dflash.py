@@ -67,7 +67,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.adaptive = generation_config.num_assistant_tokens_schedule in ADAPTIVE_SCHEDULES
         self.policy = CostAwarePolicy(target, most, policy_memory(drafter)) if options.cost_policy else None
         # The prompt-lookup source of the cost-aware policy (batch size 1): up to this many tokens that followed the
-        # last earlier occurrence of the text's final n-gram (None: off)
+        # first (leftmost) earlier occurrence of the text's final n-gram, the longest of up to lookup_ngram tokens that
+        # occurs (lookup_dflash.prompt_lookup_match; None: off)
         lookup_tokens = generation_config.prompt_lookup_num_tokens or DEFAULT_LOOKUP_TOKENS
         self.lookup_tokens = lookup_tokens if options.lookup else None
         self.lookup_ngram = generation_config.max_matching_ngram_size or 2
