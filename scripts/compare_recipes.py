@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""Helpers of scripts/compare_recipes.sh (issue 13: recipe options at equal CPU time).
+"""Helpers of scripts/compare_recipes.sh (recipe options at equal CPU time).
 
     python scripts/compare_recipes.py smoke-prompts --count 24 --output prompts.jsonl
     python scripts/compare_recipes.py fill-cache --data train.jsonl --feature-cache DIR [--max-length 512 ...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13: the recipe options of `hf-dflash train`, each trained at EQUAL CPU TIME on SmolLM2-135M-Instruct, compared
+# The recipe options of `hf-dflash train`, each trained at EQUAL CPU TIME on SmolLM2-135M-Instruct, compared
 # by their learning curves (held-out expected tau against training CPU time).
 #
 #   scripts/compare_recipes.sh                          # every recipe, 20 CPU-minutes each (~3.5 h of one core)
