@@ -7,8 +7,11 @@ import collections
 
 import pytest
 import torch
+from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 from conftest import P_THRESHOLD, chi_square_pvalue, make_drafter, make_prompt, make_target
 from transformers import GenerationConfig
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from transformers.generation import logits_process as lp
 
 from hf_dflash import sampling_dflash
@@ -116,3 +119,103 @@ def test_target_layer_k_is_read_as_its_output_in_training_and_generation(target,
     torch.testing.assert_close(contexts[0], layer_outputs)
     trained_on = context_features(target, prompt, torch.ones_like(prompt), layer_ids)
     torch.testing.assert_close(trained_on, layer_outputs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a target split by device_map (issue 32 item 5), on a CPU-only machine
+class StandInDevices(TorchFunctionMode):
+    """CPU tensors standing for tensors on several devices ("cpu:1", "cpu:2", ...): a tensor's device is the one it
+    was created on or moved to (``.to(device)``, ``device=``), else "cpu:0"; an op over tensors of two devices raises
+    as CUDA does (0-dim tensors and indexing with tensors of another device are allowed, as in torch). Parameters take
+    the device of their module through :meth:`place`. Inside the mode ``tensor.device`` reports the stand-in device,
+    so code that moves tensors by ``.device`` moves them as it would on GPUs."""
+
+    def place(self, module: torch.nn.Module, device: str) -> None:
+        for tensor in [*module.parameters(), *module.buffers()]:
+            tensor.stand_in_device = torch.device(device)
+
+    @staticmethod
+    def device_of(tensor: torch.Tensor) -> torch.device:
+        return getattr(tensor, "stand_in_device", torch.device("cpu", 0))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__self__", None) is torch.Tensor.device:  # the `device` property's getter
+            return self.device_of(args[0])
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        devices = {self.device_of(t) for t in tensors if t.dim() > 0}
+        moved = requested_device(func, args, kwargs)
+        if moved is None and len(devices) > 1 and func not in INDEXING:
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found {sorted(map(str, devices))} "
+                               f"in {getattr(func, '__name__', func)}")
+        result = func(*args, **kwargs)
+        if moved is not None and args and result is args[0]:  # a move torch skips (same real device): the copy it would make
+            result = result.clone()
+        device = moved if moved is not None else (self.device_of(tensors[0]) if tensors else torch.device("cpu", 0))
+        for output in pytree.tree_leaves(result):
+            if isinstance(output, torch.Tensor):
+                output.stand_in_device = torch.device(device.type, device.index or 0)
+        return result
+
+
+INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.copy_)
+
+
+def requested_device(func, args, kwargs) -> torch.device | None:
+    """The device a ``.to(...)`` call or a factory's ``device=`` asks for (None: none asked)."""
+    asked = kwargs.get("device")
+    if asked is None and func is torch.Tensor.to:
+        asked = next((a for a in args[1:] if isinstance(a, (torch.device, str))), None)
+        other = next((a for a in args[1:] if isinstance(a, torch.Tensor)), None)
+        asked = StandInDevices.device_of(other) if asked is None and other is not None else asked
+    return None if asked is None else torch.device(asked)
+
+
+def split_by_device_map(target, devices: StandInDevices) -> dict:
+    """Split `target` as ``from_pretrained(device_map=...)`` does with accelerate: each block runs on its device (its
+    inputs moved there by an AlignDevicesHook), the model's outputs come back to the device of its inputs; the first
+    half of the layers on "cpu:0" (with the embeddings, where the prompts are), the rest on "cpu:1" (with the norm and
+    LM head)."""
+    half = len(target.model.layers) // 2
+    device_map = {"model.embed_tokens": "cpu:0", "model.rotary_emb": "cpu:0", "model.norm": "cpu:1",
+                  "lm_head": "cpu:1", **{f"model.layers.{i}": "cpu:0" if i < half else "cpu:1"
+                                         for i in range(len(target.model.layers))}}
+    for name, device in device_map.items():
+        module = target.get_submodule(name)
+        devices.place(module, device)
+        add_hook_to_module(module, AlignDevicesHook(execution_device=torch.device(device)))
+    add_hook_to_module(target, AlignDevicesHook(execution_device=torch.device("cpu:0"), io_same_device=True))
+    target.hf_device_map = device_map
+    return device_map
+
+
+@pytest.mark.parametrize("draft_vocabulary", [False, True])
+def test_a_target_split_by_device_map_keeps_the_drafters_tensors_on_its_device(draft_vocabulary):
+    """A target split over two devices by device_map, the drafter on a third: every tensor the drafter receives (the
+    target's embeddings and features, positions, masks) is on the drafter's device, its states reach the LM head on
+    the head's device (also through a draft vocabulary's gathered rows), and the output is the target's own. On a
+    CPU-only machine the devices are stood in for (:class:`StandInDevices`), and an op over two devices raises as on
+    GPUs."""
+    target = make_target("qwen3", num_hidden_layers=6, initializer_range=0.1)
+    drafter = make_drafter(target)
+    if draft_vocabulary:
+        drafter.set_draft_vocabulary(list(range(0, 96, 2)), lm_head=target.get_output_embeddings())
+    prompt, received = make_prompt(10, seed=3), []
+    expected = target.generate(prompt, max_new_tokens=16, do_sample=False)
+    devices = StandInDevices()
+
+    def record_devices(module, args, kwargs):
+        received.extend((name, devices.device_of(value)) for name, value in kwargs.items()
+                        if isinstance(value, torch.Tensor))
+
+    hook = drafter.register_forward_pre_hook(record_devices, with_kwargs=True)
+    with devices:
+        split_by_device_map(target, devices)
+        devices.place(drafter, "cpu:2")
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False)
+        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)  # the split target alone
+    hook.remove()
+    assert got.tolist() == plain.tolist() == expected.tolist()
+    assert drafter.last_stats.drafted_verifications > 0 and received
+    assert {name for name, _ in received} >= {"noise_embeds", "context_hidden_states", "position_ids"}
+    assert {str(device) for _, device in received} == {"cpu:2"}, received
