@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 from conftest import DRAFTER_KINDS, LIBRARY_DEFAULT_POLICY, assert_lossless, cached_target, make_drafter, make_prompt
-from conftest import install_cost_table, make_target, new_tokens, plain_generate
+from conftest import MEASURED_PADDING, install_cost_table, make_target, new_tokens, plain_generate
 
 import hf_dflash.policy_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
@@ -118,6 +118,23 @@ def test_the_candidate_generator_tells_the_policy_how_long_the_text_is(monkeypat
                                                                            choose(self, *a, **k))[1])
     target.generate(prompt, assistant_model=drafter, max_new_tokens=12, dflash_policy="cost")
     assert seen[0] == prompt.shape[1] + 1 and seen == sorted(seen) and seen[-1] < prompt.shape[1] + 12  # + its first token
+
+
+def test_verifies_are_padded_to_16_rows_only_where_this_cpu_runs_16_faster(monkeypatch):
+    """The padding rule is measured, not assumed: a CPU whose GEMM has no faster 16-row kernel verifies 11 rows as 11
+    (a 10-draft lookup on an AVX-512 EPYC: 1.89 t(1) instead of 2.19), one that has it pads them; never on a GPU or in
+    a batch, never below 9 rows."""
+    cpu = torch.device("cpu")
+    measured = MEASURED_PADDING.__wrapped__()  # the real measurement, uncached
+    assert measured <= set(range(9, 16))
+    monkeypatch.setattr(hf_dflash.policy_dflash, "rows_slower_than_sixteen", lambda: frozenset())
+    assert [gemm_friendly_rows(n, cpu) for n in (8, 9, 11, 15, 16)] == [8, 9, 11, 15, 16]
+    monkeypatch.setattr(hf_dflash.policy_dflash, "rows_slower_than_sixteen", lambda: frozenset({9, 10, 11}))
+    assert [gemm_friendly_rows(n, cpu) for n in (8, 9, 11, 12, 16)] == [8, 16, 16, 12, 16]
+    assert gemm_friendly_rows(11, cpu, batch=2) == 11 and gemm_friendly_rows(11, torch.device("meta")) == 11
+    seed_state = torch.random.get_rng_state()
+    MEASURED_PADDING.__wrapped__()
+    assert torch.equal(torch.random.get_rng_state(), seed_state)  # a user's seeded sampling never sees it
 
 def test_interpolated_verify_costs():
     table = CostTable()
