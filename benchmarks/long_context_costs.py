@@ -34,7 +34,7 @@ from hf_dflash.models import load_drafter, load_target
 from hf_dflash.policy_dflash import synchronized_clock
 
 CONTEXTS = {"context_512": 512, "context_2k": 2048, "context_4k": 4096, "context_8k": 7934}
-WIDTHS = (1, 2, 4, 8, 16)
+WIDTHS = tuple(range(1, 17))  # every width a block of 16 can verify (the GEMM kernel changes along the way)
 
 
 def short_prompt_ids(tokenizer) -> torch.Tensor:
@@ -46,19 +46,21 @@ def context_ids(tokenizer, dataset: str) -> torch.Tensor:
         tokenizer, load_eval_prompts(dataset, 1, tokenizer)[0])
 
 
-def verify_seconds(target, ids: torch.Tensor, width: int, repeats: int) -> float:
-    """Median seconds of a `width`-row forward on a cache holding `ids` (cut back after each)."""
-    cache = {cache_argument(target): DynamicCache(config=target.config)}
+def verify_seconds(target, ids: torch.Tensor, widths, repeats: int) -> dict[int, float]:
+    """{k: median seconds of a k-row forward on a cache holding `ids`}: one prefill, each verify cut back after it,
+    widths interleaved round by round (a load spike hits them alike)."""
+    cache = DynamicCache(config=target.config)
+    kwargs = {cache_argument(target): cache, "use_cache": True}
+    times = {k: [] for k in widths}
     with torch.inference_mode():
-        target(ids, use_cache=True, **cache)
-        rows = ids[:, -width:]
-        times = []
+        target(ids, **kwargs)
         for _ in range(repeats):
-            start = synchronized_clock(ids.device)
-            target(rows, use_cache=True, **cache)
-            times.append(synchronized_clock(ids.device) - start)
-            next(iter(cache.values())).crop(-width)
-    return statistics.median(times)
+            for k in widths:
+                start = synchronized_clock(ids.device)
+                target(ids[:, -k:], **kwargs)
+                times[k].append(synchronized_clock(ids.device) - start)
+                cache.crop(-k)
+    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def drafter_seconds_per_cycle(target, drafter, ids: torch.Tensor, new_tokens: int = 48) -> dict:
@@ -76,9 +78,9 @@ def measure_costs(args) -> dict:
     target, tokenizer = load_target(dtype="float32", device="cpu")
     drafter = load_drafter(None, target)
     rows = {}
-    for dataset in ["short", *CONTEXTS]:
+    for dataset in ["short", *args.contexts]:
         ids = context_ids(tokenizer, dataset)
-        t = {k: verify_seconds(target, ids, k, args.repeats) for k in WIDTHS}
+        t = verify_seconds(target, ids, WIDTHS, args.repeats)
         rows[dataset] = {
             "prompt_tokens": ids.shape[1],
             "t1_ms": 1e3 * t[1],
@@ -130,6 +132,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--memory", action="store_true", help="peak RSS per case (fresh processes) instead of costs")
     parser.add_argument("--memory-case", nargs=2, metavar=("DATASET", "METHOD"), help=argparse.SUPPRESS)
+    parser.add_argument("--contexts", default=",".join(CONTEXTS), type=lambda v: [c for c in v.split(",") if c],
+                        help=f"context datasets after the short prompt (comma list of {','.join(CONTEXTS)})")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -25,7 +25,8 @@ import torch
 from transformers.utils import logging
 
 from .data.regenerate import RegenerationArguments, regenerate
-from .evaluation.bench import METHODS, all_identical, run_batch_benchmark, run_benchmark
+from .evaluation.batch import run_batch_benchmark
+from .evaluation.bench import METHODS, all_identical, run_benchmark
 from .evaluation.demo import run_demo, summary_line
 from .evaluation.prompts import ALL_DATASETS, DATASETS, check_dataset_names, load_eval_prompts
 from .evaluation.report import batch_markdown, markdown_report, save_plot

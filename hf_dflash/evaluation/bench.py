@@ -45,7 +45,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from ..data.chat import chat_input_ids, left_padded_batch
+from ..data.chat import chat_input_ids
 from ..generation_dflash import builtin_generation
 from ..policy_dflash import synchronized_clock
 from ..stats_dflash import DFlashStats
@@ -90,33 +90,49 @@ class Run:
     seconds: float
     target_forwards: int
     stats: DFlashStats | None = None
+    prefill_seconds: float | None = None  # the first target forward: the prompt (None: not counted)
 
     @property
     def tokens_per_second(self) -> float:
         return len(self.new_tokens) / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def decode_seconds(self) -> float | None:
+        """Seconds after the prompt was read: what speculative decoding can change (a long prompt's prefill is the
+        same forward with or without drafts)."""
+        return None if self.prefill_seconds is None else self.seconds - self.prefill_seconds
+
 
 class ForwardCounter:
-    """Counts forward calls of a module (the target's verification passes, prefill included).
+    """Counts forward calls of a module (the target's verification passes, prefill included) and times the first
+    one since :meth:`reset` (a generate call's prefill).
 
     Example:
         >>> counter = ForwardCounter(target)  # doctest: +SKIP
-        >>> counter.reset(); target.generate(ids, max_new_tokens=8); counter.calls  # doctest: +SKIP
-        8
+        >>> counter.reset(); target.generate(ids, max_new_tokens=8); counter.calls, counter.first_seconds > 0  # doctest: +SKIP
+        (8, True)
     """
 
     def __init__(self, module: torch.nn.Module):
-        self.calls = 0
-        self.handle = module.register_forward_hook(self._count)
+        self.calls, self.first_seconds, self._started = 0, None, None
+        self.device = next(module.parameters()).device
+        self.handles = [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._count)]
+
+    def _start(self, *args) -> None:
+        if self.calls == 0:
+            self._started = synchronized_clock(self.device)
 
     def _count(self, *args) -> None:
+        if self.calls == 0 and self._started is not None:
+            self.first_seconds = synchronized_clock(self.device) - self._started
         self.calls += 1
 
     def reset(self) -> None:
-        self.calls = 0
+        self.calls, self.first_seconds, self._started = 0, None, None
 
     def remove(self) -> None:
-        self.handle.remove()
+        for handle in self.handles:
+            handle.remove()
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -206,8 +222,8 @@ def timed_generation(
         )
     seconds = synchronized_clock(input_ids.device) - start
     stats = drafter.last_stats if method.startswith("dflash") else None
-    forwards = counter.calls if counter is not None else 0
-    return Run(output[0, input_ids.shape[1] :].tolist(), seconds, forwards, stats)
+    forwards, prefill = (counter.calls, counter.first_seconds) if counter is not None else (0, None)
+    return Run(output[0, input_ids.shape[1] :].tolist(), seconds, forwards, stats, prefill)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -267,7 +283,7 @@ def run_from_json(entry: dict) -> Run:
     """A :class:`Run` as :class:`BenchProgress` wrote it (``dataclasses.asdict``)."""
     stats = entry.get("stats")
     return Run(entry["new_tokens"], entry["seconds"], entry["target_forwards"],
-               None if stats is None else DFlashStats(**stats))
+               None if stats is None else DFlashStats(**stats), entry.get("prefill_seconds"))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -293,11 +309,15 @@ class PromptResult:
     def identical(self, method: str) -> bool:
         return not {method, "plain"} & self.unstable and self.runs[method].new_tokens == self.runs["plain"].new_tokens
 
-    def speedup(self, method: str) -> float:
-        """Plain per-token time over the method's per-token time, on this prompt."""
+    def speedup(self, method: str, decode: bool = False) -> float | None:
+        """Plain per-token time over the method's per-token time, on this prompt (`decode`: after the prompt was
+        read, both ways; None when a prefill was not timed)."""
         plain, run = self.runs["plain"], self.runs[method]
-        plain_per_token = plain.seconds / max(1, len(plain.new_tokens))
-        return plain_per_token / max(run.seconds / max(1, len(run.new_tokens)), 1e-12)
+        plain_s, run_s = (plain.decode_seconds, run.decode_seconds) if decode else (plain.seconds, run.seconds)
+        if plain_s is None or run_s is None:
+            return None
+        plain_per_token = plain_s / max(1, len(plain.new_tokens))
+        return plain_per_token / max(run_s / max(1, len(run.new_tokens)), 1e-12)
 
 
 def method_tau(method: str, results: list[PromptResult]) -> float | None:
@@ -335,6 +355,8 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
             "tau": method_tau(method, results),
             "tokens_per_s": statistics.median(run.tokens_per_second for run in runs),
             "speedup": statistics.median(r.speedup(method) for r in results) if results else None,
+            "decode_speedup": median_or_none([r.speedup(method, decode=True) for r in results]),
+            "prefill_s": median_or_none([r.runs[method].prefill_seconds for r in results]),
             "identical": all(r.identical(method) for r in results),
             "prompts": len(results),
             "new_tokens": sum(len(run.new_tokens) for run in runs),
@@ -344,6 +366,16 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
             entry.update(cycle_costs([run.stats for run in runs], t1))
         summary[method] = entry
     return summary
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median of `values`, None if any is None (a run whose prefill was not timed).
+
+    Example:
+        >>> median_or_none([1.0, 3.0, 2.0]), median_or_none([1.0, None])
+        (2.0, None)
+    """
+    return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
 def cycle_costs(stats: list[DFlashStats], t1: float) -> dict:
@@ -488,11 +520,14 @@ def run_benchmark(
                 method: {
                     "new_tokens": len(run.new_tokens),
                     "seconds": run.seconds,
+                    "prefill_seconds": run.prefill_seconds,
                     "identical": r.identical(method),
                     "tau": run.stats.mean_acceptance_length if run.stats is not None else None,
+                    **cycle_record(run),
                 }
                 for method, run in r.runs.items()
             },
+            "plain_tokens": r.runs["plain"].new_tokens,  # what every identical method generated (replays, checks)
         })
     return report
 
@@ -519,54 +554,13 @@ def bench_config(target, drafter, encoded: dict, methods: list[str], max_new_tok
     }
 
 
+def cycle_record(run: Run) -> dict:
+    """Ours: each cycle's drafts verified (0: a plain step) and tokens committed, to see what the policy chose."""
+    if run.stats is None:
+        return {}
+    return {"drafts_per_cycle": run.stats.drafts_per_cycle, "acceptance_lengths": run.stats.acceptance_lengths}
+
+
 def all_identical(report: dict) -> bool:
     """True when every method reproduced plain generate exactly on every prompt."""
     return all(entry["identical"] for per_method in report["results"].values() for entry in per_method.values())
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# batched throughput
-def new_token_count(output: torch.Tensor, prompt_length: int, pad_token_id: int) -> int:
-    """Generated tokens in a batch output, without the padding of rows that finished early."""
-    return int((output[:, prompt_length:] != pad_token_id).sum())
-
-
-def run_batch_benchmark(target, tokenizer, drafter, prompts: list[str], batch_sizes: list[int],
-                        max_new_tokens: int = 128, repeats: int = 2) -> list[dict]:
-    """Tokens/s of plain batched generate vs the DFlash path at each batch size, measured side by side.
-
-    Each batch size runs the first `b` prompts, alternating plain and DFlash `repeats` times (medians), and checks
-    the outputs are identical.
-
-    Example:
-        >>> rows = run_batch_benchmark(target, tok, drafter, load_eval_prompts("gsm8k", 16), [1, 4, 16])  # doctest: +SKIP
-        >>> rows[0]["speedup"]  # doctest: +SKIP
-    """
-    pad = pad_token_id(target)
-    encoded = [chat_input_ids(tokenizer, p, target.device) for p in prompts]
-    rows = []
-    for batch_size in tqdm(batch_sizes, desc="batch bench", unit="batch size"):
-        if batch_size > len(encoded):
-            raise ValueError(f"batch size {batch_size} needs {batch_size} prompts, got {len(encoded)}.")
-        ids, mask = left_padded_batch(encoded[:batch_size], pad)
-        settings = dict(attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
-        times = {"plain": [], "dflash": []}
-        outputs = {}
-        for _ in range(repeats):
-            for method, extra in (("plain", {}), ("dflash", {"assistant_model": drafter})):
-                start = synchronized_clock(target.device)
-                with torch.inference_mode():
-                    outputs[method] = target.generate(ids, **settings, **extra)
-                times[method].append(synchronized_clock(target.device) - start)
-        tokens = new_token_count(outputs["plain"], ids.shape[1], pad)
-        plain_s, dflash_s = statistics.median(times["plain"]), statistics.median(times["dflash"])
-        rows.append({
-            "batch_size": batch_size,
-            "new_tokens": tokens,
-            "plain_tokens_per_s": tokens / plain_s,
-            "dflash_tokens_per_s": tokens / dflash_s,
-            "speedup": plain_s / dflash_s,
-            "tau": drafter.last_stats.mean_acceptance_length,
-            "identical": bool(torch.equal(outputs["plain"], outputs["dflash"])),
-        })
-    return rows

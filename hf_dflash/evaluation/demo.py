@@ -77,7 +77,7 @@ class Comparison:
 
 REPEATS = 2  # runs per method and prompt, interleaved; the faster counts
 NO_GAIN = 0.95  # below this ratio to plain, the summary says drafting does not pay here (the policy is taking plain steps)
-# What a GPU reaches with a published drafter (quoted, not measured here: BENCHMARKS.md / the DFlash paper).
+# What a GPU reaches with a published drafter (quoted from the DFlash paper, not measured here).
 GPU_QUOTE = ("quoted, not measured here: Qwen3-8B with z-lab/Qwen3-8B-DFlash-b16 on a B200 GPU reaches 4.9x on "
              "average (up to 6.1x), tau > 6 (DFlash paper, arXiv 2602.06036)")
 

@@ -7,7 +7,7 @@ import pytest
 
 import hf_dflash
 from hf_dflash import models
-from hf_dflash.evaluation import acceptance, bench, demo, prompts
+from hf_dflash.evaluation import acceptance, batch, bench, demo, prompts
 from hf_dflash.evaluation.report import batch_markdown, markdown_report, save_plot
 
 
@@ -154,7 +154,7 @@ def test_batch_benchmark_on_a_tiny_model(tiny_folder):
     target, tokenizer = models.load_target(tiny_folder / "target")
     drafter = models.load_drafter(tiny_folder / "drafter", target)
     prompts = ["What is 2+3?", "Write a poem.", "Hi", "Name three colours of the rainbow."]
-    rows = bench.run_batch_benchmark(target, tokenizer, drafter, prompts, [1, 4], max_new_tokens=10, repeats=1)
+    rows = batch.run_batch_benchmark(target, tokenizer, drafter, prompts, [1, 4], max_new_tokens=10, repeats=1)
     assert [r["batch_size"] for r in rows] == [1, 4]
     for row in rows:
         assert row["identical"] is True and row["new_tokens"] > 0
