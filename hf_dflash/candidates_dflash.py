@@ -11,6 +11,7 @@ from transformers.generation import logits_process as lp
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .cache_dflash import cache_argument
+from .checkpoint_dflash import plain_head_rows
 from .checks_dflash import ADAPTIVE_SCHEDULES, DEFAULT_LOOKUP_TOKENS, DFlashCallOptions, resolve_call_options
 from .lookup_dflash import prompt_lookup_match
 from .policy_dflash import CostAwarePolicy, gemm_friendly_rows, policy_memory
@@ -85,7 +86,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.draft_ids = drafter.draft_token_ids()
         if self.draft_ids is not None:
             self.draft_ids = self.draft_ids.to(self.lm_head.weight.device)
-            self.draft_head = self.lm_head.weight[self.draft_ids]
+            self.draft_head = plain_head_rows(self.lm_head.weight, self.draft_ids)
 
     def _embed(self, ids):
         weight = self.input_embeddings.weight

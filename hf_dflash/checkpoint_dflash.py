@@ -1,6 +1,7 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """A drafter checkpoint as files and as engines read it: which Hub id names the target, which weights a saved folder
-holds (read from the safetensors headers, without loading them), and what vLLM cannot serve in a drafter config.
+holds (read from the safetensors headers, without loading them), what vLLM cannot serve in a drafter config, and
+an LM head's rows as plain weights (a quantized head's dequantized).
 
 Part of the remote-code payload: imports only torch, transformers (and huggingface_hub, which it requires) and the
 standard library.
@@ -10,6 +11,7 @@ import json
 import os
 import re
 
+import torch
 from transformers.utils import logging
 
 
@@ -179,3 +181,18 @@ def _safetensors_header(name_or_path, kwargs, local_files_only: bool | None) -> 
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     header.pop("__metadata__", None)
     return header
+
+
+def plain_head_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of an LM head `weight` as a plain tensor of its dtype. The rows of a draft vocabulary are multiplied
+    outside the head's own kernel, so a quantized weight (torchao's int8 tensor subclass, a torch quantized tensor)
+    is dequantized: a quantized target's head scores the drafts with the values it holds.
+
+    Example:
+        >>> plain_head_rows(torch.eye(3, dtype=torch.bfloat16), torch.tensor([2]))
+        tensor([[0., 0., 1.]], dtype=torch.bfloat16)
+    """
+    rows = weight[ids]
+    # torch's quantized tensors, and tensor subclasses with their own dequantize (torchao's); other tensors as they are
+    quantized = rows.is_quantized or type(rows).dequantize is not torch.Tensor.dequantize
+    return rows.dequantize() if quantized else rows

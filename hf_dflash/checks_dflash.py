@@ -15,7 +15,7 @@ import torch
 from transformers.utils import logging
 
 from .cache_dflash import config_cache_layers, is_recurrent, is_sliding_window
-from .checkpoint_dflash import hub_id_of, saved_weight_dtype
+from .checkpoint_dflash import hub_id_of, plain_head_rows, saved_weight_dtype
 from .configuration_dflash import default_target_layer_ids
 from .stats_dflash import AcceptanceEvidence, DFlashStats
 
@@ -385,7 +385,7 @@ def draft_head_causes(target, drafter) -> list[str]:
     if ids is None or head is None:
         return []
     rows = target.get_output_embeddings().weight
-    theirs = rows[ids.to(rows.device)].to(device=head.weight.device, dtype=torch.float32)
+    theirs = plain_head_rows(rows, ids.to(rows.device)).to(device=head.weight.device, dtype=torch.float32)
     if theirs.shape == head.weight.shape and torch.allclose(head.weight.float(), theirs, rtol=1e-2, atol=1e-3):
         return []
     return [f"the drafter's draft_vocab_size={len(ids)} head rows are not the target's LM head rows for its tokens "

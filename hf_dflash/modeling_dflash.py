@@ -32,7 +32,13 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import logging
 
 from .cache_dflash import cache_argument
-from .checkpoint_dflash import local_or_cached_config, check_serving_layout, hub_id_of, saved_weight_names
+from .checkpoint_dflash import (
+    check_serving_layout,
+    hub_id_of,
+    local_or_cached_config,
+    plain_head_rows,
+    saved_weight_names,
+)
 from .checks_dflash import check_drafter_matches_target
 from .configuration_dflash import (
     DFlashConfig,
@@ -268,7 +274,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             )
         head = frozen_head(hidden, len(ids), device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            head.weight.copy_(weight[ids])
+            head.weight.copy_(plain_head_rows(weight, ids))
         return head
 
     # ----------------------------------------------------------------------------------------------------------------

@@ -4,11 +4,14 @@ A drafter in another dtype than its target drafts in its own (it reads the targe
 its dtype, and its states are cast back for the target's LM head), so the output is the target's own. A quantized
 drafter is served (output stays exact) with one warning that gives the reason."""
 
+import copy
 import logging
 
 import pytest
 import torch
 from conftest import assert_same, make_drafter, make_prompt, make_target, plain_generate
+
+from hf_dflash.checks_dflash import low_acceptance_causes
 
 NEW_TOKENS = 24
 
@@ -85,3 +88,25 @@ def test_a_torchao_int8_drafter_is_warned_about(target, caplog):
         got = target.generate(prompt, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert_same(got, plain_generate(target, prompt, max_new_tokens=NEW_TOKENS), "torchao int8 drafter: ", target)
     assert len(warnings_logged(caplog)) == 1 and "is quantized" in warnings_logged(caplog)[0]
+
+
+@pytest.mark.parametrize("draft_vocabulary", [False, True])
+def test_a_torchao_int8_target_gives_its_own_output_with_an_fp32_drafter(target, draft_vocabulary):
+    """A target whose linear layers (LM head included) have int8 weights through torchao, activations in fp32: the
+    drafter reads its features and the int8 LM head scores the drafter's states, also through a draft vocabulary
+    (whose rows are gathered from the head and dequantized: torchao's int8 tensor has no transpose), and the output
+    is that quantized target's own greedy output."""
+    torchao = pytest.importorskip("torchao.quantization")
+    quantized = copy.deepcopy(target)
+    torchao.quantize_(quantized, torchao.Int8WeightOnlyConfig())
+    assert type(quantized.lm_head.weight).__module__.startswith("torchao")  # int8 weights
+    drafter = make_drafter(target)
+    if draft_vocabulary:
+        drafter.set_draft_vocabulary(list(range(0, 96, 2)), lm_head=quantized.get_output_embeddings())
+    for seed in range(2):
+        prompt = make_prompt(10, seed=seed)
+        expected = plain_generate(quantized, prompt, max_new_tokens=NEW_TOKENS)
+        got = quantized.generate(prompt, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert_same(got, expected, "int8 target: ", quantized)
+        assert drafter.last_stats.drafted_verifications > 0
+    assert low_acceptance_causes(quantized, drafter) == []  # its head rows are the int8 head's, dequantized
