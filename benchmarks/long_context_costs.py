@@ -3,8 +3,10 @@
 the cached context, and peak memory (RSS) of plain generate against generate with the drafter.
 
 Costs (one process): for each context length the target prefills a document prompt cut to that many tokens, then a
-verify of k rows is timed on that cache (median of `--repeats`, the cache cut back after each), and one full-block
-DFlash generate reads the drafter's time per cycle from ``drafter.last_stats``.
+verify of k rows is timed on that cache (median of `--repeats`, the cache cut back after each), with the key/value
+heads grouped as the DFlash loop runs it on CPU (``t_k_over_t1``) and as transformers' SDPA does for masked forwards
+(``t_k_over_t1_transformers_sdpa``: every cached key and value copied per query head); one full-block DFlash generate
+reads the drafter's time per cycle from ``drafter.last_stats``.
 
 Memory (one fresh process per case, so that each peak is its own): peak RSS after loading the models, and after
 ``generate`` with and without the drafter; the drafter's own context cache (its K/V of the target features) is
@@ -29,6 +31,7 @@ from transformers import DynamicCache
 from hf_dflash.cache_dflash import cache_argument
 from hf_dflash.data.chat import chat_input_ids
 from hf_dflash.evaluation.machine import load_average, run_stamp
+from hf_dflash.generation_dflash import grouped_query_attention
 from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_drafter, load_target
 from hf_dflash.policy_dflash import synchronized_clock
@@ -80,11 +83,14 @@ def measure_costs(args) -> dict:
     rows = {}
     for dataset in ["short", *args.contexts]:
         ids = context_ids(tokenizer, dataset)
-        t = verify_seconds(target, ids, WIDTHS, args.repeats)
+        plain_sdpa = verify_seconds(target, ids, WIDTHS, args.repeats)
+        with grouped_query_attention("cpu"):  # as the DFlash loop runs its verifies on CPU
+            grouped = verify_seconds(target, ids, WIDTHS, args.repeats)
         rows[dataset] = {
             "prompt_tokens": ids.shape[1],
-            "t1_ms": 1e3 * t[1],
-            "t_k_over_t1": {k: round(t[k] / t[1], 3) for k in WIDTHS},
+            "t1_ms": 1e3 * grouped[1],
+            "t_k_over_t1": {k: round(grouped[k] / grouped[1], 3) for k in WIDTHS},
+            "t_k_over_t1_transformers_sdpa": {k: round(plain_sdpa[k] / plain_sdpa[1], 3) for k in WIDTHS},
             **drafter_seconds_per_cycle(target, drafter, ids),
         }
         print(dataset, json.dumps(rows[dataset]), flush=True)

@@ -16,40 +16,47 @@ METHOD_NAMES = {"plain": "plain", "pld": "prompt lookup", "dflash": "full blocks
                 "dflash_default_tree": "default + tree"}
 
 
-def bound(per_method: dict) -> float | None:
+def bound(per_method: dict, key: str = "speedup") -> float | None:
     """The default's speed over the faster of plain and prompt lookup (the >= 0.95 bound): its speedup over plain
     divided by max(1, prompt lookup's)."""
     default, lookup = per_method.get("dflash_default"), per_method.get("pld")
-    if default is None:
+    if default is None or default.get(key) is None:
         return None
-    return default["speedup"] / max(1.0, lookup["speedup"] if lookup else 1.0)
+    return default[key] / max(1.0, lookup[key] if lookup and lookup.get(key) else 1.0)
 
 
 def prompt_tokens(report: dict, dataset: str) -> int:
     return int(statistics.median(p["prompt_tokens"] for p in report["per_prompt"] if p["dataset"] == dataset))
 
 
-def cell(entry: dict, with_tau: bool) -> str:
-    text = f"{entry['speedup']:.2f}x"
+def cell(entry: dict, with_tau: bool, key: str = "speedup") -> str:
+    if entry.get(key) is None:
+        return "-"
+    text = f"{entry[key]:.2f}x"
     if with_tau and entry.get("tau") is not None:
         text += f" ({entry['tau']:.2f})"
     return text if entry["identical"] else text + " **differs**"
 
 
-def table(runs: dict[str, dict]) -> str:
+def table(runs: dict[str, dict], key: str = "speedup", only: tuple[str, ...] = ()) -> str:
+    """Category x run rows, one column per method: `key` "speedup" (end to end) or "decode_speedup" (after the
+    prompt), with tau for ours; `only`: these categories."""
     methods = [m for m in METHOD_NAMES if any(m in r["results"].get("overall", {}) for r in runs.values())]
     header = ("| category | prompt tokens | run | " + " | ".join(METHOD_NAMES[m] for m in methods)
               + " | default / max(plain, lookup) |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    datasets = list(dict.fromkeys(d for r in runs.values() for d in r["results"]))
-    for dataset in datasets:
+    datasets = [d for d in dict.fromkeys(d for r in runs.values() for d in r["results"]) if d != "overall"]
+    datasets.append("overall")  # last, and it covers each run's own categories
+    for dataset in [d for d in datasets if not only or d in only]:
         for label, report in runs.items():
             per_method = report["results"].get(dataset)
             if per_method is None:
                 continue
             tokens = "all" if dataset == "overall" else str(prompt_tokens(report, dataset))
-            cells = [cell(per_method[m], m.startswith("dflash")) if m in per_method else "-" for m in methods]
-            ratio = bound(per_method)
+            cells = [cell(per_method[m], m.startswith("dflash"), key) if m in per_method else "-" for m in methods]
+            if set(cells[1:]) == {"-"}:
+                continue  # a run that did not time this (e.g. prefills before the bench timed them)
+            ratio = bound(per_method, key)
             lines.append(f"| {dataset} | {tokens} | {label} | " + " | ".join(cells)
                          + f" | {'-' if ratio is None else f'{ratio:.2f}'} |")
     return "\n".join(lines)
@@ -69,33 +76,37 @@ def stamps(runs: dict[str, dict]) -> str:
 
 
 def plot(runs: dict[str, dict], path: str) -> None:
+    """Speedup end to end, speedup after the prompt, and tau against prompt tokens: a colour per method, a line
+    style per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (speed, tau) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, report in runs.items():
+    colours = dict(zip(METHOD_NAMES, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red")))
+    styles = ["-", "-.", "--", ":"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = (("speedup", "speedup over plain generate, end to end"),
+              ("decode_speedup", "speedup after the prompt (prefill left out)"), ("tau", "tau (tokens per verification)"))
+    for style, (label, report) in zip(styles, runs.items()):
         sweep = [d for d in SWEEP if d in report["results"]]
-        if not sweep:
-            continue
         tokens = [prompt_tokens(report, d) for d in sweep]
         for method, name in METHOD_NAMES.items():
-            if method == "plain" or method not in report["results"][sweep[0]]:
+            if method == "plain" or not sweep or method not in report["results"][sweep[0]]:
                 continue
-            style = "-" if "quiet" in label else "--"
-            speed.plot(tokens, [report["results"][d][method]["speedup"] for d in sweep], style, marker="o",
-                       label=f"{name}, {label}")
-            if method.startswith("dflash"):
-                tau.plot(tokens, [report["results"][d][method]["tau"] for d in sweep], style, marker="o",
-                         label=f"{name}, {label}")
-    for axis, title in ((speed, "speedup over plain generate"), (tau, "tau (tokens per target verification)")):
+            for axis, (key, _) in zip(axes, panels):
+                values = [report["results"][d][method].get(key) for d in sweep]
+                if any(v is None for v in values):
+                    continue
+                axis.plot(tokens, values, style, marker="o", color=colours[method], label=f"{name}, {label}")
+    for axis, (_, title) in zip(axes, panels):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("prompt tokens")
-        axis.set_title(title)
+        axis.set_title(title, fontsize=10)
         axis.grid(alpha=0.3)
-    speed.axhline(1.0, color="gray", linewidth=0.8)
-    speed.legend(fontsize=6)
+    for axis in axes[:2]:
+        axis.axhline(1.0, color="gray", linewidth=0.8)
+    axes[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -110,7 +121,9 @@ def main() -> None:
         label, path = item.rsplit("=", 1)
         with open(path, encoding="utf-8") as f:
             runs[label] = json.load(f)
-    print(table(runs) + "\n\n" + stamps(runs))
+    long = ("doc_qa", "summarize", *SWEEP)
+    print("End to end:\n\n" + table(runs) + "\n\nAfter the prompt (each call's prefill left out, both sides):\n\n"
+          + table(runs, "decode_speedup", long) + "\n\n" + stamps(runs))
     if args.plot:
         plot(runs, args.plot)
 

@@ -113,9 +113,15 @@ def test_run_benchmark_on_a_tiny_model(tiny_folder, tmp_path):
     assert report["results"]["overall"]["plain"]["tau"] == 1.0
     assert len(report["per_prompt"]) == 3
     assert bench.all_identical(report)
+    for prompt in report["per_prompt"]:  # each call's prefill is timed and is part of its time
+        assert all(0 < prompt[m]["prefill_seconds"] < prompt[m]["seconds"] for m in bench.METHODS)
+        assert len(prompt["plain_tokens"]) == prompt["plain"]["new_tokens"]
+        assert sum(prompt["dflash"]["acceptance_lengths"]) == prompt["dflash"]["new_tokens"] - 1  # + the prefill's
+    assert all(entry["decode_speedup"] > 0 for entry in report["results"]["overall"].values())
     json.dumps(report)  # JSON-ready
     text = markdown_report(report)
     assert "| overall | hf-dflash, full blocks |" in text and "ceiling" in text and "plain target step" in text
+    assert "| after the prompt |" in text.splitlines()[3] and "load average" in text
     assert save_plot(report, tmp_path / "plot.png") and (tmp_path / "plot.png").stat().st_size > 0
 
 
