@@ -32,13 +32,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import logging
 
 from .cache_dflash import cache_argument
-from .checkpoint_dflash import (
-    check_serving_layout,
-    hub_id_of,
-    local_or_cached_config,
-    plain_head_rows,
-    saved_weight_names,
-)
+from .checkpoint_dflash import check_serving_layout, hub_id_of, local_or_cached_config, saved_weight_names
+from .checkpoint_dflash import plain_head_rows
 from .checks_dflash import check_drafter_matches_target
 from .configuration_dflash import (
     DFlashConfig,
@@ -335,8 +330,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + n_ctx + q_len, device=noise_embeds.device)[None]
-        # The target's embeddings and features come in the target's dtype, which may not be this drafter's (a bf16
-        # drafter next to an fp32 target, or the reverse): the drafter reads them in its own
+        # the target's embeddings and features, in the target's dtype, are read in the drafter's (bf16 next to fp32)
         noise_embeds = noise_embeds.to(self.norm.weight.dtype)
         if context_hidden_states is not None:
             context_hidden_states = context_hidden_states.to(noise_embeds.dtype)
