@@ -105,13 +105,13 @@ def trained_drafter(name: str, target_path: Path, prompts: Path, workdir: Path, 
                    "--no-chat-template", "--max-new-tokens", str(NEW_TOKENS), "--block-size", str(BLOCK_SIZE),
                    "--batch-size", "8", "--dtype", "float32"], workdir / f"{name}_regen.log")
         (workdir / f"{name}_regen.done").touch()
-    if not (output / "final" / "config.json").exists():
+    if not (output / "model.safetensors").exists():  # hf-dflash train saves the final drafter in its output folder
         resume = ["--resume"] if (output / "checkpoints").is_dir() else []  # a killed run continues exactly
         run(cli + ["train", "--target", str(target_path), "--data", str(data), "--output", str(output),
                    "--num-layers", str(NUM_LAYERS), "--block-size", str(BLOCK_SIZE), "--epochs", str(EPOCHS),
                    "--seed", str(SEED), "--eval-split", "0", "--num-eval-prompts", "0"] + resume,
             workdir / f"{name}_train.log")
-    return output / "final"
+    return output
 
 
 def heldout_tau(target, tokenizer, drafter, heldout: list[str]) -> dict:
