@@ -183,3 +183,15 @@ def test_demo_exit_code_is_one_when_outputs_differ(tiny_folder, monkeypatch, cap
     comparisons = demo.run_demo(target, tokenizer, drafter, ["Hi"], max_new_tokens=6)
     assert not comparisons[0].identical and "identical: NO" in demo.summary_line(comparisons)
     assert "outputs differ from new token" in capsys.readouterr().out
+
+
+def test_a_bench_killed_mid_write_resumes_without_losing_later_prompts(tmp_path):
+    """A kill mid-write leaves a cut line: reopening drops it, so the next record starts a line of its own and a
+    second resume still finds every finished prompt."""
+    path, asked = tmp_path / "bench.json.progress.jsonl", {"methods": ["plain"]}
+    bench.BenchProgress(path, asked).record(("gsm8k", 0, 0), {"plain": bench.Run([1, 2], 0.5, 2)})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"dataset": "gsm8k", "ind')  # the kill
+    bench.BenchProgress(path, asked).record(("gsm8k", 1, 0), {"plain": bench.Run([3], 0.2, 1)})
+    assert set(bench.BenchProgress(path, asked).done) == {("gsm8k", 0, 0), ("gsm8k", 1, 0)}
+    assert path.read_text().endswith("\n") and len(path.read_text().splitlines()) == 3
