@@ -41,7 +41,8 @@ def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
         >>> gemm_friendly_rows(8, cpu), gemm_friendly_rows(9, cpu, batch=2), gemm_friendly_rows(9, torch.device("meta"))
         (8, 9, 9)
     """
-    return 16 if device.type == "cpu" and batch == 1 and rows in rows_slower_than_sixteen() else rows
+    padded = device.type == "cpu" and batch == 1 and 9 <= rows < 16 and rows in rows_slower_than_sixteen()
+    return 16 if padded else rows
 
 
 @functools.cache
@@ -205,9 +206,11 @@ def cost_tables(target) -> dict:
 def context_bucket(tokens: int) -> int:
     """The cost table's bucket for a cached context of `tokens`: 0 below 1,024 tokens, then one per doubling.
 
-    Costs change with the context a forward attends to: a one-row step reads the whole cache, a verify of k rows reads
-    it once, so t(k)/t(1) falls as the context grows (SmolLM2-135M, one CPU thread: t(16)/t(1) ~2.2 at 200 cached
-    tokens, lower at 4K). Costs measured on short prompts must not decide for long ones, nor the reverse: a user
+    Costs change with the context a forward attends to: a one-row step reads the whole cache once, a verify of k rows
+    reads it once too but attends k rows to all of it, so t(k)/t(1) moves with the context (SmolLM2-135M, one CPU
+    thread, t(16)/t(1): 2.0 after 114 tokens, 2.2 after 4K; 3.3 there with transformers' masked attention, which copies
+    the cache per query head; on GPUs it tends to fall). Costs measured on short prompts must not decide for long ones,
+    nor the reverse: a user
     switching between a chat and a long document gets each one's own costs (a new bucket costs one full block and one
     plain step to measure, once per process).
 
@@ -253,8 +256,8 @@ class CostAwarePolicy:
         committed after it (:meth:`observe_lookup_offer`), so copy-heavy text is found from its first cycles and a
         lookup that stops holding is dropped, at no cost.
     Costs are robust to noise (:class:`CostTable`: the lower median of the recent samples, t(1) their least) and kept
-    with the target they describe, per length of context (:func:`context_bucket`); acceptance statistics and the probing schedule carry over to the drafter's next calls. Output never
-    depends on the choice.
+    with the target they describe, per length of context (:func:`context_bucket`); acceptance statistics and the
+    probing schedule carry over to the drafter's next calls. Output never depends on the choice.
     """
 
     REFRESH = 64  # drafting cycles between two measurements of each end of the cost curve (t(1), a full block)
@@ -382,7 +385,8 @@ class CostAwarePolicy:
                context: int = 0) -> tuple[int, bool]:
         """(draft count k, whether the drafts come from the prompt lookup) for the next cycle; `lookup_length`
         tokens of lookup continuation are on offer (0: none), found by an n-gram of `lookup_size` tokens; `context`
-        tokens of text so far (the cycle's costs, and those it observes, are those of that length: :func:`context_bucket`)."""
+        tokens of text so far (the cycle's costs, and those it observes, are those of that length:
+        :func:`context_bucket`)."""
         self.context = context
         table = self.table(batch, device)
         width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)

@@ -39,7 +39,8 @@ CODE_EDIT_PROMPT = 1  # the bench's code_edit #1: comment every line of a pasted
 def default_prompts() -> list[tuple[str, str]]:
     """(kind, prompt): one of each workload users run: a chat question, an edit of a pasted function (a ``code_edit``
     prompt of the bench) and a question about a long document (the first ``doc_qa`` prompt)."""
-    return [("chat", CHAT_PROMPT), ("code edit", load_eval_prompts("code_edit", CODE_EDIT_PROMPT + 1)[CODE_EDIT_PROMPT]),
+    code_edit = load_eval_prompts("code_edit", CODE_EDIT_PROMPT + 1)[CODE_EDIT_PROMPT]
+    return [("chat", CHAT_PROMPT), ("code edit", code_edit),
             ("document question", load_eval_prompts("doc_qa", 1)[0])]
 
 
