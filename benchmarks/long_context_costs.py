@@ -34,7 +34,7 @@ from hf_dflash.evaluation.machine import load_average, run_stamp
 from hf_dflash.generation_dflash import grouped_query_attention
 from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_drafter, load_target
-from hf_dflash.policy_dflash import synchronized_clock
+from hf_dflash.timing_dflash import synchronized_clock
 
 CONTEXTS = {"context_512": 512, "context_2k": 2048, "context_4k": 4096, "context_8k": 7934}
 WIDTHS = tuple(range(1, 17))  # every width a block of 16 can verify (the GEMM kernel changes along the way)

@@ -14,7 +14,8 @@ from .cache_dflash import cache_argument
 from .checkpoint_dflash import plain_head_rows
 from .checks_dflash import ADAPTIVE_SCHEDULES, DEFAULT_LOOKUP_TOKENS, DFlashCallOptions, resolve_call_options
 from .lookup_dflash import prompt_lookup_match
-from .policy_dflash import CostAwarePolicy, gemm_friendly_rows, policy_memory
+from .policy_dflash import CostAwarePolicy, policy_memory
+from .timing_dflash import gemm_friendly_rows
 from .sampling_dflash import choose_drafts, select_tokens
 
 

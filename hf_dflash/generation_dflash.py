@@ -48,7 +48,7 @@ from .checks_dflash import (
     is_dflash_drafter,
     resolve_call_options,
 )
-from .policy_dflash import gemm_friendly_rows, synchronized_clock
+from .timing_dflash import gemm_friendly_rows, synchronized_clock
 from .rows_dflash import OutputRecorder, Rows, right_padded
 from .sampling_dflash import ProcessorRows, accept, processed_verify_scores, select_tokens
 from .stats_dflash import DFlashStats

@@ -35,8 +35,8 @@ import torch
 
 from .cache_dflash import keep_path_slots
 from .lookup_dflash import prompt_lookup
-from .policy_dflash import gemm_friendly_rows, synchronized_clock
 from .sampling_dflash import vectorizable
+from .timing_dflash import gemm_friendly_rows, synchronized_clock
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
-import hf_dflash.policy_dflash
+import hf_dflash.timing_dflash
 from hf_dflash.cli import main
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 from hf_dflash.policy_dflash import cost_tables
@@ -58,15 +58,15 @@ def full_block_policy(monkeypatch):
     monkeypatch.setattr(hf_dflash.checks_dflash, "DEFAULT_POLICY", "full")
 
 
-MEASURED_PADDING = hf_dflash.policy_dflash.rows_slower_than_sixteen  # the real measurement (cached per process)
+MEASURED_PADDING = hf_dflash.timing_dflash.rows_slower_than_sixteen  # the real measurement (cached per process)
 
 
 @pytest.fixture(autouse=True)
 def padded_rows_of_an_avx2_machine(monkeypatch):
     """Verifies of 9..15 rows are padded to 16 in every test, whatever this CPU's GEMM measures (the padding is
-    measured once per process in use: policy_dflash.rows_slower_than_sixteen), so that no test's verdict depends on
+    measured once per process in use: timing_dflash.rows_slower_than_sixteen), so that no test's verdict depends on
     the CPU it runs on. tests/test_policy.py checks the measurement itself."""
-    monkeypatch.setattr(hf_dflash.policy_dflash, "rows_slower_than_sixteen", lambda: frozenset(range(9, 16)))
+    monkeypatch.setattr(hf_dflash.timing_dflash, "rows_slower_than_sixteen", lambda: frozenset(range(9, 16)))
 
 
 ARCHS = ("qwen3", "llama")

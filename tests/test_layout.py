@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_dflash"
 PAYLOAD = (
-    "configuration_dflash", "model_card", "checkpoint_dflash",
+    "timing_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
     # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
     "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
     "checks_dflash", "rows_dflash",
@@ -22,6 +22,7 @@ PAYLOAD = (
 )
 # The generation side of the payload, bottom up: a module may import siblings of lower floors only.
 FLOORS = (
+    ("timing_dflash",),  # the one clock and the GEMM-friendly verify widths
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
     ("checks_dflash", "rows_dflash", "configuration_dflash2"),

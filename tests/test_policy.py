@@ -11,8 +11,10 @@ from conftest import DRAFTER_KINDS, LIBRARY_DEFAULT_POLICY, assert_lossless, cac
 from conftest import MEASURED_PADDING, install_cost_table, make_target, new_tokens, plain_generate
 
 import hf_dflash.policy_dflash
+import hf_dflash.timing_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-from hf_dflash.policy_dflash import CostAwarePolicy, CostTable, cost_table, cost_tables, gemm_friendly_rows
+from hf_dflash.policy_dflash import CostAwarePolicy, CostTable, cost_table, cost_tables
+from hf_dflash.timing_dflash import gemm_friendly_rows
 
 
 def test_the_library_default_is_the_cost_aware_policy():
@@ -127,9 +129,9 @@ def test_verifies_are_padded_to_16_rows_only_where_this_cpu_runs_16_faster(monke
     cpu = torch.device("cpu")
     measured = MEASURED_PADDING.__wrapped__()  # the real measurement, uncached
     assert measured <= set(range(9, 16))
-    monkeypatch.setattr(hf_dflash.policy_dflash, "rows_slower_than_sixteen", lambda: frozenset())
+    monkeypatch.setattr(hf_dflash.timing_dflash, "rows_slower_than_sixteen", lambda: frozenset())
     assert [gemm_friendly_rows(n, cpu) for n in (8, 9, 11, 15, 16)] == [8, 9, 11, 15, 16]
-    monkeypatch.setattr(hf_dflash.policy_dflash, "rows_slower_than_sixteen", lambda: frozenset({9, 10, 11}))
+    monkeypatch.setattr(hf_dflash.timing_dflash, "rows_slower_than_sixteen", lambda: frozenset({9, 10, 11}))
     assert [gemm_friendly_rows(n, cpu) for n in (8, 9, 11, 12, 16)] == [8, 16, 16, 12, 16]
     assert gemm_friendly_rows(11, cpu, batch=2) == 11 and gemm_friendly_rows(11, torch.device("meta")) == 11
     seed_state = torch.random.get_rng_state()

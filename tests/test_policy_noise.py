@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hf_dflash.policy_dflash import CostAwarePolicy, gemm_friendly_rows
+from hf_dflash.policy_dflash import CostAwarePolicy
+from hf_dflash.timing_dflash import gemm_friendly_rows
 
 
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from ..data.chat import chat_input_ids, left_padded_batch
 from ..models import pad_token_id
-from ..policy_dflash import synchronized_clock
+from ..timing_dflash import synchronized_clock
 
 
 def new_token_count(output: torch.Tensor, prompt_length: int, pad_token_id: int) -> int:

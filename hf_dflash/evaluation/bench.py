@@ -48,7 +48,7 @@ from transformers.utils import logging
 from ..data.chat import chat_input_ids
 from ..data.records import read_records
 from ..generation_dflash import builtin_generation
-from ..policy_dflash import synchronized_clock
+from ..timing_dflash import synchronized_clock
 from ..stats_dflash import DFlashStats
 from ..models import pad_token_id, portable_name
 from .acceptance import acceptance_histogram, pooled_acceptance_by_position

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..policy_dflash import synchronized_clock
+from ..timing_dflash import synchronized_clock
 
 
 def cpu_model() -> str:

@@ -1,0 +1,60 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""The package's one clock, and the verify widths a CPU's matrix kernels run fastest.
+
+Generation, the draft policy, trees and the benchmarks all time work with :func:`synchronized_clock`; every verify
+forward's row count goes through :func:`gemm_friendly_rows`. Part of the remote-code payload: imports only torch.
+"""
+
+import functools
+import math
+import time
+
+import torch
+
+
+def synchronized_clock(device) -> float:
+    """perf_counter after the device's queued work is done, so a difference of two covers the work, not its launch.
+
+    Example:
+        >>> synchronized_clock(torch.device("cpu")) > 0
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
+    """`rows` rounded up to 16 where this CPU's fp32 GEMM runs 16 rows faster than `rows` (see
+    :func:`rows_slower_than_sixteen`); unchanged elsewhere, on GPUs and in batches.
+
+    Example:
+        >>> cpu = torch.device("cpu")
+        >>> gemm_friendly_rows(8, cpu), gemm_friendly_rows(9, cpu, batch=2), gemm_friendly_rows(9, torch.device("meta"))
+        (8, 9, 9)
+    """
+    padded = device.type == "cpu" and batch == 1 and 9 <= rows < 16 and rows in rows_slower_than_sixteen()
+    return 16 if padded else rows
+
+
+@functools.cache
+def rows_slower_than_sixteen() -> frozenset[int]:
+    """The row counts 9..15 that this CPU's fp32 matrix product runs slower than 16 rows, measured once per process
+    (~20 ms): a verify of that many rows is padded to 16. Some BLAS kernels start a faster path at 16 rows (seen on an
+    AVX2 machine: 9..15 rows cost more than 16); on others, padding wastes time (an AVX-512 EPYC: 12 rows cost 0.72 of
+    16, and a 10-draft prompt lookup then cost 16 rows instead of 11). Output never depends on it.
+
+    Example:
+        >>> rows_slower_than_sixteen() <= set(range(9, 16))
+        True
+    """
+    weight = torch.full((576, 1536), 0.5)  # not torch.randn: a user's seeded sampling must not see this draw
+    rows = {n: torch.full((n, 576), 0.5) for n in range(9, 17)}
+    best = {n: math.inf for n in rows}
+    for _ in range(15):  # interleaved, least of 15: a load spike on a shared machine must not decide
+        for n, x in rows.items():
+            start = time.perf_counter()
+            x @ weight
+            best[n] = min(best[n], time.perf_counter() - start)
+    return frozenset(n for n in range(9, 16) if best[16] < 0.97 * best[n])
