@@ -425,28 +425,17 @@ def chosen_drafts(stats: list[DFlashStats]) -> dict[int, int]:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# the benchmark
-def run_benchmark(
-    target,
-    tokenizer,
-    drafter,
-    prompts: dict[str, list[str]],
-    methods: list[str] = METHODS,
-    max_new_tokens: int = 256,
-    early_exit_layer: int | None = None,
-    warmup: bool = True,
-    repeats: int = 1,
-    progress: str | os.PathLike | None = None,
-) -> dict:
+# the benchmark: run, check, summarise
+def run_benchmark(target, tokenizer, drafter, prompts: dict[str, list[str]], methods: list[str] = METHODS,
+                  max_new_tokens: int = 256, early_exit_layer: int | None = None, warmup: bool = True,
+                  repeats: int = 1, progress: str | os.PathLike | None = None) -> dict:
     """Run every method on every prompt (interleaved, rotating order) and return the JSON-ready report.
 
     Args:
         prompts: dataset name -> user messages (chat template applied here).
         methods: subset of :data:`METHODS`; ``plain`` is always run (the reference).
         repeats: rounds over each dataset's prompts; each method's faster run of a prompt counts (one 64-token run
-            moves by ~10% on a shared machine; a load spike only ever slows a run). Rounds go over the whole dataset
-            in order, so the call before each prompt's run is the same in every round (the default policy carries
-            what it learned from one call to the next).
+            moves by ~10% on a shared machine; a load spike only ever slows a run).
         progress: a JSON-lines file that records each finished prompt round; a rerun with the same file and
             settings skips what it holds (see :class:`BenchProgress`).
 
@@ -466,11 +455,30 @@ def run_benchmark(
     if drafter is None and any("dflash" in m for m in methods):
         raise ValueError("The dflash methods need a drafter.")
     early_exit_layer = early_exit_layer or default_early_exit_layer(target)
-    device = target.device
     other_load, load_before = OtherLoad(), load_average()
-    encoded = {name: [chat_input_ids(tokenizer, p, device) for p in texts] for name, texts in prompts.items()}
+    encoded = {name: [chat_input_ids(tokenizer, p, target.device) for p in texts] for name, texts in prompts.items()}
     config = bench_config(target, drafter, encoded, methods, max_new_tokens, repeats, early_exit_layer)
-    journal = None if progress is None else BenchProgress(progress, config)
+    journal = None if progress is None else BenchProgress(progress, config)  # other settings: refused before any run
+
+    results = timed_results(target, drafter, encoded, methods, max_new_tokens, early_exit_layer, warmup, repeats,
+                            journal)
+    for difference in differences_from_plain(results, methods):
+        logger.warning(difference)
+    machine = {**run_stamp(target.device, load_before), "other_load_cores": other_load.cores()}
+    return bench_report(machine, config, results, methods)
+
+
+def timed_results(target, drafter, encoded: dict[str, list[torch.Tensor]], methods: list[str], max_new_tokens: int,
+                  early_exit_layer: int, warmup: bool, repeats: int, journal: BenchProgress | None
+                  ) -> list[PromptResult]:
+    """Step 1, run: every method on every prompt, `repeats` rounds, each method's faster run kept (dataset by
+    dataset, in order). A prompt round that `journal` holds is read back instead of run; a new one is recorded there
+    before the next starts.
+
+    Rounds go over a whole dataset in order, so the call before each prompt's run is the same in every round (the
+    default policy carries what it learned from one call to the next); the methods' order rotates from prompt to
+    prompt.
+    """
     counter = ForwardCounter(target)
     try:
         if warmup and any(encoded.values()):
@@ -478,8 +486,7 @@ def run_benchmark(
             for method in methods:  # first calls pay for lazy initialisation
                 timed_generation(target, first, min(8, max_new_tokens), method, drafter, early_exit_layer, counter)
         results: list[PromptResult] = []
-        total = repeats * sum(len(batch) for batch in encoded.values())
-        with tqdm(total=total, desc="bench", unit="prompt") as bar:
+        with tqdm(total=repeats * sum(len(batch) for batch in encoded.values()), desc="bench", unit="prompt") as bar:
             for name, batch in encoded.items():
                 dataset = [PromptResult(name, index, ids.shape[1]) for index, ids in enumerate(batch)]
                 for round_ in range(repeats):
@@ -497,43 +504,57 @@ def run_benchmark(
                         for method, run in runs.items():
                             result.keep_faster(method, run)
                         bar.update(1)
-                for result in dataset:
-                    for method in methods[1:]:
-                        if not result.identical(method):
-                            at = first_difference(result.runs[method].new_tokens, result.runs["plain"].new_tokens)
-                            logger.warning(f"{method} differs from plain generate on {name} prompt "
-                                           f"{result.index}, from new token {at}.")
                 results.extend(dataset)
+        return results
     finally:
         counter.remove()
 
-    report = {"machine": {**run_stamp(device, load_before), "other_load_cores": other_load.cores()},
-              "config": config, "results": {}, "per_prompt": []}
-    for name in encoded:
-        subset = [r for r in results if r.dataset == name]
-        if subset:
-            report["results"][name] = summary_of(subset, methods)
+
+def differences_from_plain(results: list[PromptResult], methods: list[str]) -> list[str]:
+    """Step 2, check: a line for each prompt on which a method's output is not plain generate's, token for token
+    (every method here is lossless: a difference is a bug), or on which repeated greedy runs disagreed. The report
+    records the same as ``identical``; these lines say where.
+
+    Example:
+        >>> result = PromptResult("gsm8k", 0, 5, {"plain": Run([1, 2, 3], 1.0, 3), "pld": Run([1, 2, 4], 0.5, 2)})
+        >>> differences_from_plain([result], ["plain", "pld"])
+        ['pld differs from plain generate on gsm8k prompt 0, from new token 2.']
+    """
+    return [f"{method} differs from plain generate on {r.dataset} prompt {r.index}, from new token "
+            f"{first_difference(r.runs[method].new_tokens, r.runs['plain'].new_tokens)}."
+            for r in results for method in methods[1:] if not r.identical(method)]
+
+
+def bench_report(machine: dict, config: dict, results: list[PromptResult], methods: list[str]) -> dict:
+    """Step 3, summarise: the JSON-ready report: per-method figures for each dataset that ran and overall, and each
+    prompt's record."""
+    datasets = dict.fromkeys(r.dataset for r in results)  # in run order
+    summaries = {name: summary_of([r for r in results if r.dataset == name], methods) for name in datasets}
     if results:
-        report["results"]["overall"] = summary_of(results, methods)
-    for r in results:
-        report["per_prompt"].append({
-            "dataset": r.dataset,
-            "index": r.index,
-            "prompt_tokens": r.prompt_tokens,
-            **{
-                method: {
-                    "new_tokens": len(run.new_tokens),
-                    "seconds": run.seconds,
-                    "prefill_seconds": run.prefill_seconds,
-                    "identical": r.identical(method),
-                    "tau": run.stats.mean_acceptance_length if run.stats is not None else None,
-                    **cycle_record(run),
-                }
-                for method, run in r.runs.items()
-            },
-            "plain_tokens": r.runs["plain"].new_tokens,  # what every identical method generated (replays, checks)
-        })
-    return report
+        summaries["overall"] = summary_of(results, methods)
+    return {"machine": machine, "config": config, "results": summaries,
+            "per_prompt": [prompt_record(r) for r in results]}
+
+
+def prompt_record(result: PromptResult) -> dict:
+    """One prompt's line of the report: each method's tokens, times, identity and (ours) cycles."""
+    return {
+        "dataset": result.dataset,
+        "index": result.index,
+        "prompt_tokens": result.prompt_tokens,
+        **{
+            method: {
+                "new_tokens": len(run.new_tokens),
+                "seconds": run.seconds,
+                "prefill_seconds": run.prefill_seconds,
+                "identical": result.identical(method),
+                "tau": run.stats.mean_acceptance_length if run.stats is not None else None,
+                **cycle_record(run),
+            }
+            for method, run in result.runs.items()
+        },
+        "plain_tokens": result.runs["plain"].new_tokens,  # what every identical method generated (replays, checks)
+    }
 
 
 def bench_config(target, drafter, encoded: dict, methods: list[str], max_new_tokens: int, repeats: int,
