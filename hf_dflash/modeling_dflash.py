@@ -9,12 +9,7 @@ The drafter owns no embeddings and no LM head: it reads the target's. One forwar
 the target's hidden states at ``target_layer_ids`` ("KV injection") and to the block itself, bidirectionally.
 """
 
-import json
-import os
-import re
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -32,20 +27,19 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import logging
 
 from .cache_dflash import cache_argument
-from .checkpoint_dflash import check_serving_layout, hub_id_of, local_or_cached_config, saved_weight_names
-from .checkpoint_dflash import plain_head_rows
+from .checkpoint_dflash import hub_id_of
 from .checks_dflash import check_drafter_matches_target
 from .configuration_dflash import (
     DFlashConfig,
     target_attribute,
     default_target_layer_ids,
     drafter_rope_parameters,
-    validate_architecture,
 )
 # Imported for its effect: loading the drafter (remote code included) routes generate(assistant_model=drafter) to the
 # DFlash loop (tests/test_checkpoint.py runs a saved drafter where hf_dflash is not importable)
 from .generation_dflash import enable_dflash_generation  # noqa: F401
-from .model_card import render_model_card
+from .hub_dflash import DFlashHubMixin
+from .vocabulary_dflash import DraftVocabularyMixin, frozen_head
 
 
 logger = logging.get_logger(__name__)
@@ -168,7 +162,7 @@ def initial_fusion_weights(num_layers: int, num_features: int) -> torch.Tensor:
     return weights
 
 
-class DFlashDraftModel(DFlashPreTrainedModel):
+class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedModel):
     """
     Block-diffusion drafter (DFlash; DFlare when `config.layer_fusion` / `config.split_context_kv` are set).
 
@@ -209,68 +203,6 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         self.gradient_checkpointing = False
         self.last_stats = None  # filled by every generate() call that uses this drafter
         self.post_init()
-
-    # ----------------------------------------------------------------------------------------------------------------
-    # draft vocabulary
-    def draft_token_ids(self) -> torch.Tensor | None:
-        """The target token ids drafts are chosen from (sorted), or None: the whole vocabulary."""
-        if not self.config.draft_vocab_size:
-            return None
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
-
-    def set_draft_vocabulary(
-        self, token_ids: torch.Tensor | list[int] | None, lm_head: nn.Module | torch.Tensor | None = None
-    ) -> None:
-        """Draft among `token_ids` only (e.g. the most frequent tokens of the training responses), or among the whole
-        vocabulary again (None). Lossless either way: the target still verifies every draft; tokens outside the set
-        are simply never proposed.
-
-        Saved in EAGLE-3's layout, the one vLLM's DFlash loader reads: ``draft_vocab_size`` in the config, a ``d2t``
-        buffer (draft index i is target token ``i + d2t[i]``) and the drafter's own ``lm_head.weight``: the rows of
-        the target's LM head for those tokens, gathered here from `lm_head` (the target's output embeddings or their
-        weight). Without them the drafter still generates here (the target's rows are read at generate time), but
-        `save_pretrained` refuses to write it: vLLM would score drafts with the wrong rows and accept nothing.
-
-        Example:
-            >>> drafter.set_draft_vocabulary(frequent_ids, lm_head=target.get_output_embeddings())  # doctest: +SKIP
-            >>> drafter.save_pretrained("my-drafter")  # draft_vocab_size; d2t and lm_head.weight  # doctest: +SKIP
-        """
-        if token_ids is None:
-            self.config.draft_vocab_size = None
-            self._buffers.pop("d2t", None)
-            self.lm_head = None
-            return
-        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique(sorted=True)
-        vocab = self.config.vocab_size
-        if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= vocab:
-            raise ValueError(f"A draft vocabulary needs token ids in [0, {vocab}) (the target's vocab_size); got "
-                             f"{len(ids)} ids" + (f" from {int(ids[0])} to {int(ids[-1])}." if len(ids) else "."))
-        if len(ids) == vocab:  # every token: the whole vocabulary (vLLM has no d2t slot when the sizes are equal)
-            return self.set_draft_vocabulary(None)
-        reference = self.norm.weight
-        head = None if lm_head is None else self._draft_head_from(lm_head, ids.to(_weight_of(lm_head).device))
-        self.config.draft_vocab_size = len(ids)
-        self.register_buffer("d2t", (ids - torch.arange(len(ids))).to(reference.device))
-        self.lm_head = head.to(device=reference.device, dtype=reference.dtype) if head is not None else None
-
-    def _draft_head_from(self, lm_head: nn.Module | torch.Tensor, ids: torch.Tensor) -> nn.Linear:
-        """A frozen `nn.Linear` holding the rows `ids` of the target LM head `lm_head`."""
-        weight = _weight_of(lm_head)
-        hidden = self.config.hidden_size
-        if weight.dim() != 2 or weight.shape[1] != hidden or weight.shape[0] < self.config.vocab_size:
-            raise ValueError(
-                f"lm_head must be the target's LM head, [vocab_size={self.config.vocab_size}, hidden_size={hidden}]; "
-                f"got weight {tuple(weight.shape)}. Pass target.get_output_embeddings()."
-            )
-        if getattr(lm_head, "bias", None) is not None:
-            raise ValueError(
-                "The target's LM head has a bias, which the saved draft head cannot carry (vLLM's draft lm_head has "
-                "none): draft among the whole vocabulary instead, drafter.set_draft_vocabulary(None)."
-            )
-        head = frozen_head(hidden, len(ids), device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            head.weight.copy_(plain_head_rows(weight, ids))
-        return head
 
     # ----------------------------------------------------------------------------------------------------------------
     # forward
@@ -366,7 +298,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         return [window if kind == "sliding_attention" else full for kind in layer_types]
 
     # ----------------------------------------------------------------------------------------------------------------
-    # construction, loading, saving
+    # construction (loading and saving: DFlashHubMixin, hub_dflash.py)
     @classmethod
     def from_target(
         cls,
@@ -430,109 +362,6 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         check_drafter_matches_target(target, drafter)
         return drafter
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a DFlash/DFlare drafter (ours, z-lab's, AngelSlim's), or a DFlash2 one (handed to its class, see
-        VARIANTS), refusing other architectures clearly.
-
-        Example:
-            >>> drafter = DFlashDraftModel.from_pretrained("z-lab/Qwen3-8B-DFlash-b16")  # doctest: +SKIP
-        """
-        if kwargs.get("config") is None:
-            config_file = local_or_cached_config(pretrained_model_name_or_path, kwargs)
-            if config_file is not None:
-                with open(config_file, encoding="utf-8") as f:
-                    architectures = validate_architecture(json.load(f))
-                variant = next((VARIANTS[a] for a in architectures if a in VARIANTS), cls)
-                if not issubclass(cls, variant):
-                    return variant.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        want_info = kwargs.pop("output_loading_info", False)
-        try:
-            model, info = super().from_pretrained(
-                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-            )
-        except RuntimeError as error:  # size mismatch: the weights do not fit the config
-            raise ValueError(
-                f"Broken DFlash checkpoint {pretrained_model_name_or_path!s}: weight shapes do not match its "
-                f"config.json ({error}). Re-save the drafter with save_pretrained, or fix config.json."
-            ) from error
-        missing = sorted(k for k in info["missing_keys"] if not k.startswith("rotary_emb"))
-        if model.lm_head is not None and "lm_head.weight" not in (saved_weight_names(
-                pretrained_model_name_or_path, kwargs) or ()):
-            # A draft vocabulary saved before the draft head was (d2t only; or weights we cannot list): it drafts
-            # from the target's rows gathered at generate time; save_pretrained asks for them before writing it again
-            model.lm_head = None
-            logger.info(f"{pretrained_model_name_or_path!s} has a draft vocabulary but no draft lm_head: it drafts "
-                        "with the target's rows here; vLLM cannot serve it until it is re-saved with them.")
-        elif model.lm_head is not None:
-            model.lm_head.requires_grad_(False)  # the target's rows: frozen like the target's head
-        if missing:
-            raise ValueError(
-                f"Broken DFlash checkpoint {pretrained_model_name_or_path!s}: weights missing for {missing[:8]}"
-                f"{' ...' if len(missing) > 8 else ''} (expected z-lab names: fc, hidden_norm, norm, layers.N.*). "
-                "Re-save the drafter with save_pretrained, or rename the weights to the z-lab names."
-            )
-        return (model, info) if want_info else model
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save safetensors weights (z-lab names), config.json with `auto_map`, the flat remote-code files, and a
-        README.md model card filled from the MODEL_CARD.md template (target, block size, layer ids, data, tau).
-
-        Example:
-            >>> drafter.save_pretrained("my-drafter")  # doctest: +SKIP
-            >>> drafter.push_to_hub("me/my-drafter")  # same files, uploaded  # doctest: +SKIP
-        """
-        check_serving_layout(self.config, None if self.lm_head is None else self.lm_head.weight.shape[0])
-        # Config fields name the target by its Hub id, never a folder of the machine that saved it (training runs
-        # record the id in training_info when the config holds a local path)
-        hub_id = hub_id_of(self.config.target_name_or_path) or hub_id_of(
-            (getattr(self, "training_info", None) or {}).get("target")
-        )
-        if self.config.target_name_or_path and hub_id is None:
-            logger.warning_once(
-                f"target_name_or_path={self.config.target_name_or_path!r} is a local path, not a Hub id: it is left "
-                "out of config.json. Name the target: drafter.config.target_name_or_path = 'org/name'."
-            )
-        self.config.target_name_or_path = hub_id
-        super().save_pretrained(save_directory, *args, **kwargs)
-        template = Path(__file__).with_name("MODEL_CARD.md")  # ships with the installed package only
-        if template.exists() and kwargs.get("is_main_process", True):
-            card = render_model_card(self, template.read_text(encoding="utf-8"), str(save_directory))
-            (Path(save_directory) / "README.md").write_text(card, encoding="utf-8")
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        commit_message: str = "Upload DFlash drafter",
-        private: bool | None = None,
-        token: str | bool | None = None,
-        revision: str | None = None,
-        create_pr: bool = False,
-        **kwargs,
-    ):
-        """Upload exactly what `save_pretrained` writes (weights, config, remote code, our model card).
-
-        transformers' own push_to_hub would replace README.md with a generic card, hence this override.
-
-        Example:
-            >>> drafter.push_to_hub("me/my-drafter")  # doctest: +SKIP
-            >>> AutoModel.from_pretrained("me/my-drafter", trust_remote_code=True)  # doctest: +SKIP
-        """
-        from huggingface_hub import HfApi
-
-        api = HfApi(token=token)
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-        self.hub_repo_id = repo_id  # the model card's usage snippets name the repository
-        with tempfile.TemporaryDirectory() as folder:
-            self.save_pretrained(folder)
-            return api.upload_folder(
-                repo_id=repo_id,
-                folder_path=folder,
-                commit_message=commit_message,
-                revision=revision,
-                create_pr=create_pr,
-            )
-
 
 def target_features(hidden_states, layer_ids) -> torch.Tensor:
     """The drafter's context: the target's hidden states after layers `layer_ids` (output of layer k is
@@ -545,17 +374,6 @@ def target_features(hidden_states, layer_ids) -> torch.Tensor:
         [1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
     """
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
-
-
-def frozen_head(hidden_size: int, rows: int, device=None, dtype=None) -> nn.Linear:
-    """The draft LM head: `rows` rows of the target's LM head, copied, never trained (the target's head is frozen)."""
-    head = nn.Linear(hidden_size, rows, bias=False, device=device, dtype=dtype)
-    head.requires_grad_(False)
-    return head
-
-
-def _weight_of(lm_head: nn.Module | torch.Tensor) -> torch.Tensor:
-    return lm_head if isinstance(lm_head, torch.Tensor) else lm_head.weight
 
 
 def sliding_window_mask(padding_mask, batch: int, q_len: int, kv_len: int, window: int, device) -> torch.Tensor:
@@ -586,9 +404,6 @@ def expand_padding_mask(attention_mask, q_len: int):
     return attention_mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
 
 
-# Sibling drafter classes by the architecture their checkpoints name (DFlash2 registers itself when imported, as
-# hf_dflash's __init__ does), so that DFlashDraftModel.from_pretrained loads their checkpoints too
-VARIANTS: dict[str, type] = {}
 DFlashDraftModel.register_for_auto_class("AutoModel")
 DFlashConfig.register_for_auto_class("AutoConfig")
 

@@ -60,7 +60,8 @@ from transformers.utils import logging
 from .checkpoint_dflash import saved_weight_names
 from .configuration_dflash import DFLASH2_ARCHITECTURE
 from .configuration_dflash2 import OWNED_WEIGHTS, DFlash2Config
-from .modeling_dflash import VARIANTS, DFlashDecoderLayer, DFlashDraftModel
+from .hub_dflash import VARIANTS
+from .modeling_dflash import DFlashDecoderLayer, DFlashDraftModel
 
 
 logger = logging.get_logger(__name__)

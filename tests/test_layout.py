@@ -15,7 +15,7 @@ PAYLOAD = (
     "timing_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
     # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
     "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
-    "checks_dflash", "rows_dflash",
+    "checks_dflash", "rows_dflash", "hub_dflash", "vocabulary_dflash",
     "candidates_dflash", "tree_dflash",
     "modeling_dflash", "generation_dflash",
     "configuration_dflash2", "modeling_dflash2",  # DFlash2 drafters (issue 21)
@@ -25,7 +25,7 @@ FLOORS = (
     ("timing_dflash",),  # the one clock and the GEMM-friendly verify widths
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
-    ("checks_dflash", "rows_dflash", "configuration_dflash2"),
+    ("checks_dflash", "rows_dflash", "configuration_dflash2", "hub_dflash", "vocabulary_dflash"),
     ("candidates_dflash", "tree_dflash"),
     ("generation_dflash",),
     ("modeling_dflash",),  # imports the loop module so that loading a drafter installs the routing

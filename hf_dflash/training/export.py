@@ -18,7 +18,8 @@ from transformers.utils import logging
 
 from ..data import load_prompts, prompt_text, prompt_token_ids
 from ..evaluation.acceptance import measure_acceptance_length
-from ..modeling_dflash import VARIANTS, DFlashDraftModel
+from ..hub_dflash import VARIANTS
+from ..modeling_dflash import DFlashDraftModel
 from ..models import target_display_name
 from .arguments import RUN_ARGS_FILE, DFlashTrainingArguments
 from .curves import CURVES_FILE, LOG_FILE, plot_training_curves, read_log
