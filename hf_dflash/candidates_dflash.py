@@ -1,6 +1,7 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""The DFlash candidate generator: one drafter forward proposes a block of drafts (transformers' ``CandidateGenerator``
-API), or the cost-aware policy picks a prompt-lookup continuation or a plain step instead.
+"""The DFlash candidate generator: proposes a cycle's drafts (transformers' ``CandidateGenerator`` API) from the source
+and count the draft policy chose: one drafter forward (a DFlash2 drafter's selector walk included), or a prompt-lookup
+continuation. It proposes only: the decoding loop asks the policy, and hands it what each cycle measured.
 
 Part of the remote-code payload: imports only torch, transformers and sibling modules.
 """
@@ -12,48 +13,37 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .cache_dflash import cache_argument
 from .checkpoint_dflash import plain_head_rows
-from .checks_dflash import ADAPTIVE_SCHEDULES, DEFAULT_LOOKUP_TOKENS, DFlashCallOptions, resolve_call_options
+from .checks_dflash import DFlashCallOptions, resolve_call_options
 from .lookup_dflash import prompt_lookup_match
-from .policy_dflash import CostAwarePolicy, policy_memory
+from .policy_dflash import Draft
 from .timing_dflash import gemm_friendly_rows
 from .sampling_dflash import choose_drafts, select_tokens
 
 
 class DFlashCandidateGenerator(CandidateGenerator):
-    """Proposes a block of candidate tokens per sequence with one drafter forward.
+    """Proposes candidate tokens per sequence: a block of drafts from one drafter forward, or a prompt-lookup
+    continuation of the text so far.
 
-    Holds the drafter's cache of context K/V (target features of every token the target has verified, in the same
-    slots as the target's own cache, so one padding mask serves both) and the draft length
-    ``self.num_assistant_tokens``: how many of the drafter's B-1 drafts the target verifies per cycle, kept as
-    transformers' ``AssistedCandidateGenerator`` keeps it. The drafter always fills its whole block in one forward;
-    verifying fewer drafts makes the target's verify forward (and the drafter's LM head) cheaper, which pays where
-    verify cost grows with its length (CPUs) and the drafter is weak. ``num_assistant_tokens`` caps the count
-    (default: all B-1); with ``num_assistant_tokens_schedule="heuristic"`` (or "heuristic_transient": the same, as a
-    generator lives for one ``generate`` call) :meth:`update_candidate_strategy` applies transformers' rule: +2
-    after a cycle where every row accepted every draft, -1 otherwise, within [1, B-1]. Only the speed changes: every
-    count is lossless.
-
-    The default, when the caller sets neither ``num_assistant_tokens`` nor its schedule (``dflash_policy="cost"``):
-    each cycle :class:`CostAwarePolicy` picks the draft count that maximises expected committed tokens per second
-    from the measured costs of verify forwards by width and of the drafter, and from the acceptance rate by depth
-    observed so far; 0 drafts means a plain target step (no drafter forward; its features still reach the drafter
-    later). ``dflash_policy="full"`` verifies the whole block every cycle.
+    Holds the drafter's cache of context K/V (`cache`: target features of every token the target has verified, in
+    the same slots as the target's own cache, so one padding mask serves both; the loop drops retired rows from it).
+    The drafter always fills its whole block in one forward; verifying fewer drafts (the count the policy chose) makes
+    the target's verify forward and the drafter's LM head cheaper. Every count is lossless: only the speed changes.
 
     Example:
         >>> generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())  # doctest: +SKIP
-        >>> candidates, scores = generator.get_candidates(input_ids, context_hidden_states=features)  # doctest: +SKIP
-        >>> generator.update_candidate_strategy(candidates, target_scores, num_matches)  # doctest: +SKIP
+        >>> candidates, scores = generator.get_candidates(input_ids, context_hidden_states=features,
+        ...                                               draft=Draft(4))  # doctest: +SKIP
     """
 
     def __init__(self, drafter, target, generation_config, logits_processor=None,
                  options: DFlashCallOptions | None = None):
-        options = options if options is not None else resolve_call_options(generation_config)
+        self.options = options if options is not None else resolve_call_options(generation_config)
         self.drafter = drafter
         # DFlash2: a selector walks the top-K candidates of each position (None: DFlash's per-position choice)
         self.selector = getattr(drafter, "candidate_selector", None)
-        if self.selector is not None and options.tree_budget is not None:
+        if self.selector is not None and self.options.tree_budget is not None:
             raise ValueError(
-                f"dflash_tree_budget={options.tree_budget} with a DFlash2 drafter: its drafts are one path of its "
+                f"dflash_tree_budget={self.options.tree_budget} with a DFlash2 drafter: its drafts are one path of its "
                 "candidate selector, whose distribution at each position depends on the token before it, and trees "
                 "are built from per-position distributions. Drop dflash_tree_budget (chains work with DFlash2)."
             )
@@ -61,26 +51,14 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.input_embeddings = own_embeddings or target.get_input_embeddings()
         self.lm_head = own_head or target.get_output_embeddings()
         self.block_size = drafter.config.block_size
+        # a call without the policy's draft (transformers' API alone): num_assistant_tokens drafts, or the whole block
+        self.default_drafts = min(self.block_size - 1, generation_config.num_assistant_tokens or self.block_size - 1)
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
-        self.max_length = generation_config.max_length
-        most = self.block_size - 1
-        self.num_assistant_tokens = min(most, generation_config.num_assistant_tokens or most)
-        self.adaptive = generation_config.num_assistant_tokens_schedule in ADAPTIVE_SCHEDULES
-        self.policy = CostAwarePolicy(target, most, policy_memory(drafter)) if options.cost_policy else None
-        # The prompt-lookup source of the cost-aware policy (batch size 1): up to this many tokens that followed the
-        # first (leftmost) earlier occurrence of the text's final n-gram, the longest of up to lookup_ngram tokens that
-        # occurs (lookup_dflash.prompt_lookup_match; None: off)
-        lookup_tokens = generation_config.prompt_lookup_num_tokens or DEFAULT_LOOKUP_TOKENS
-        self.lookup_tokens = lookup_tokens if options.lookup else None
-        self.lookup_ngram = generation_config.max_matching_ngram_size or 2
-        self.lookup_size, self.drafter_ran = 0, False  # where the last candidates came from
-        # a tree needs the whole block's scores whenever the drafter runs (the policy then sizes the tree instead)
-        self.full_blocks = options.tree_budget is not None
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
         self.cache = DynamicCache()
         self.cache_keyword = cache_argument(drafter)
-        mask_ids = torch.full((1, most), drafter.config.mask_token_id)
+        mask_ids = torch.full((1, self.block_size - 1), drafter.config.mask_token_id)
         self.mask_embeds = self._embed(mask_ids)
         # A draft vocabulary: the LM head's rows for those tokens, gathered once (on a CPU the head is mostly the
         # cost of reading its weights)
@@ -93,20 +71,36 @@ class DFlashCandidateGenerator(CandidateGenerator):
         weight = self.input_embeddings.weight
         return self.input_embeddings(ids.to(weight.device)).to(self.drafter.device)
 
+    def lookup_offer(self, histories: list[torch.Tensor]) -> tuple[list[int], int] | None:
+        """The prompt-lookup continuation on offer for a batch of one, and the size of the n-gram that found it
+        (([], 0): none), cut to what fits under max_length; None when the call has no lookup source or several rows.
+
+        Matches go down to one token, as transformers' prompt lookup: the cost-aware policy keeps acceptance per
+        matched size, so on text where short matches do not hold they stop being verified.
+        """
+        if self.options.lookup_tokens is None or len(histories) != 1:
+            return None
+        offer, size = prompt_lookup_match(histories[0], self.options.lookup_tokens, self.options.lookup_ngram)
+        room = self.options.room(len(histories[0]))
+        return (offer if room is None else offer[: max(room, 0)]), size
+
     def get_candidates(
         self,
         input_ids,
         context_hidden_states=None,
         *,
+        draft: Draft | None = None,
+        lookup: list[int] = (),
         histories=None,
         context_positions=None,
         anchor_positions=None,
         slot_mask=None,
         **kwargs,
     ):
-        """CandidateGenerator API: ``(input_ids + drafts, draft_scores)`` with at most ``self.num_assistant_tokens``
-        drafts and none past ``max_length`` (if set); ``(input_ids, None)`` when no draft fits, as transformers'
-        generators answer.
+        """CandidateGenerator API: ``(input_ids + drafts, draft_scores)`` for the policy's `draft` (None:
+        ``num_assistant_tokens`` drafts, or the whole block), none past max_length; ``(input_ids, None)`` when no draft fits, as transformers' generators answer.
+        Lookup drafts (`draft.from_lookup`: the first `draft.count` tokens of `lookup`) come with no scores: they are
+        proposed with certainty (q is a point mass on each, :func:`~sampling_dflash.accept`).
 
         One unpadded sequence: `input_ids` [1, L] ends with the anchor (the token the target has not read yet), and
         `context_hidden_states` [1, n, T*H] are the target features of the positions after those already cached
@@ -117,74 +111,26 @@ class DFlashCandidateGenerator(CandidateGenerator):
         length), `context_positions` [b, n] and `anchor_positions` [b] the positions of the context and of the
         anchors, `slot_mask` [b, cache + n] which cache slots hold real tokens (None: all do).
         """
+        draft = draft if draft is not None else Draft(self.default_drafts)
+        if draft.from_lookup:
+            return torch.cat([input_ids, input_ids.new_tensor(list(lookup[: draft.count]))[None]], dim=1), None
         if histories is None:
             histories = list(input_ids)
             cached, length = self.cache.get_seq_length(), input_ids.shape[1]
             context_positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
             anchor_positions = torch.tensor([length - 1], device=input_ids.device)
-        num_drafts, lookup, size = self.num_assistant_tokens, [], 0
-        self.lookup_size, self.drafter_ran = 0, False
-        room = None if self.max_length is None else self.max_length - min(len(h) for h in histories) - 1
-        if self.policy is not None:
-            if self.lookup_tokens and len(histories) == 1:
-                # down to one-token matches, as transformers' prompt lookup: the policy keeps acceptance per matched
-                # size, so on text where they do not hold they stop being verified (on AIME some copy 10 tokens)
-                lookup, size = prompt_lookup_match(histories[0], self.lookup_tokens, self.lookup_ngram)
-                lookup = lookup if room is None else lookup[: max(room, 0)]
-                self.policy.observe_lookup_offer(histories[0], lookup, size)
-            chosen, from_lookup = self.policy.choose(len(histories), input_ids.device, len(lookup), size,
-                                                     context=max(len(h) for h in histories))
-            if chosen == 0 or from_lookup or not self.full_blocks:
-                # the policy caps a chain; a tree (full_blocks) keeps the drafter's whole block whenever it runs
-                num_drafts = min(num_drafts, chosen)
-            if from_lookup:
-                self.lookup_size = size
-                drafts = input_ids.new_tensor(lookup[:chosen])[None]
-                return torch.cat([input_ids, drafts], dim=1), self._point_mass_scores(drafts)
-        if room is not None:
-            num_drafts = min(num_drafts, room)
+        room = self.options.room(min(len(h) for h in histories))
+        num_drafts = draft.count if room is None else min(draft.count, room)
         if num_drafts <= 0:
             return input_ids, None
         drafts, scores = self.propose(
             histories, context_hidden_states, context_positions, anchor_positions, slot_mask, num_drafts
         )
-        self.drafter_ran = True
         return torch.cat([input_ids, drafts], dim=1), scores
 
-    def _point_mass_scores(self, drafts):
-        # Lookup drafts are proposed with certainty: q is a point mass on each (speculative sampling stays exact).
-        scores = torch.full((*drafts.shape, self.lm_head.weight.shape[0]), float("-inf"), device=drafts.device)
-        return scores.scatter_(2, drafts[..., None], 0.0)
-
     def update_candidate_strategy(self, input_ids, scores, num_matches):
-        """Adapt ``self.num_assistant_tokens`` after a verification (heuristic schedules only).
-
-        `scores` [b, k + 1, V] are the target's scores for the k drafts and the position after them; `num_matches`
-        the accepted drafts (an int, or one per row: the count grows only when every row accepted all k).
-        """
-        num_drafts = scores.shape[1] - 1
-        if self.policy is not None and not self.lookup_size:  # lookups are rated from their offers, verified or not
-            self.policy.observe_acceptance(num_drafts, torch.as_tensor(num_matches).reshape(-1).tolist())
-        if not self.adaptive or num_drafts == 0:
-            return
-        if bool((torch.as_tensor(num_matches) == num_drafts).all()):
-            self.num_assistant_tokens = min(self.block_size - 1, self.num_assistant_tokens + 2)
-        else:
-            self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
-
-    def observe_tree_cycle(self, device, cycle, draft_seconds: float) -> None:
-        """A tree cycle's `cycle` = (verify width, accepted drafts, verify seconds, drafts the drafter expected): its
-        costs and acceptance for the cost-aware policy."""
-        if self.policy is not None:
-            width, accepted, seconds, expected = cycle
-            self.observe_costs(1, device, width, seconds, draft_seconds)
-            self.policy.observe_tree(expected, accepted)
-
-    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
-                      draft_seconds: float | None = None) -> None:
-        """A cycle's measured costs (see :meth:`CostAwarePolicy.observe_costs`), for the cost-aware policy."""
-        if self.policy is not None:
-            self.policy.observe_costs(batch, device, width, target_seconds, draft_seconds)
+        """CandidateGenerator API. Nothing to adapt here: the draft policy (policy_dflash.py) chooses each cycle's
+        count, and the decoding loop hands it every verification."""
 
     def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
         """One drafter forward: `num_drafts` draft tokens for each row (what :meth:`get_candidates` calls).

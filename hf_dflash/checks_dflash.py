@@ -37,23 +37,36 @@ TREE_ATTENTION = ("sdpa", "eager")
 
 @dataclass(frozen=True)
 class DFlashCallOptions:
-    """The DFlash settings of one generate() call.
+    """The DFlash settings of one generate() call, resolved once; the loop hands them to the parts it builds.
 
-    `policy`: "cost" (choose each cycle's drafts from measured costs; plain steps when drafting does not pay) or
-    "full" (verify the whole block); `cost_policy`: whether the cost-aware policy runs (not under transformers'
-    heuristic draft-length schedules, which then rule); `lookup`: whether it may verify prompt-lookup drafts;
-    `tree_budget`: draft nodes of a verified tree (None: chains).
+    `policy`: how each cycle's draft count is chosen (policy_dflash.py): "cost" (from measured costs; plain steps when
+    drafting does not pay), "full" (the whole block, or a constant ``num_assistant_tokens``) or "heuristic"
+    (transformers' ``num_assistant_tokens_schedule="heuristic"``, which then rules); `lookup_tokens`: the longest
+    prompt-lookup draft the cost-aware policy may verify instead of the drafter's (None: none); `branch_tokens`: the
+    longest n-gram branch a tree adds (``prompt_lookup_num_tokens``; None: none); `lookup_ngram`: the longest n-gram
+    lookups match (``max_matching_ngram_size``); `tree_budget`: draft nodes of a verified tree (None: chains);
+    `max_length`: the call's limit on the text's length in tokens, as generate prepared it (None: none known yet).
 
     Example:
         >>> from transformers import GenerationConfig
-        >>> resolve_call_options(GenerationConfig(), {"dflash_policy": "full"})
-        DFlashCallOptions(policy='full', cost_policy=False, lookup=True, tree_budget=None)
+        >>> resolve_call_options(GenerationConfig(), {"dflash_policy": "full"})  # doctest: +NORMALIZE_WHITESPACE
+        DFlashCallOptions(policy='full', lookup_tokens=None, branch_tokens=None, lookup_ngram=2, tree_budget=None,
+                          max_length=None)
+        >>> resolve_call_options(GenerationConfig(max_length=12)).room(10)  # drafts that fit after 10 tokens
+        1
     """
 
     policy: str = DEFAULT_POLICY
-    cost_policy: bool = True
-    lookup: bool = True
+    lookup_tokens: int | None = DEFAULT_LOOKUP_TOKENS
+    branch_tokens: int | None = None
+    lookup_ngram: int = 2
     tree_budget: int | None = None
+    max_length: int | None = None
+
+    def room(self, length: int) -> int | None:
+        """Drafts that fit after a text of `length` tokens (the anchor included) under `max_length`; None: no limit.
+        The target's token after the drafts needs one place too."""
+        return None if self.max_length is None else self.max_length - length - 1
 
 
 def check_positive_int(name: str, value, meaning: str) -> None:
@@ -80,11 +93,19 @@ def resolve_call_options(generation_config, options: dict | None = None) -> DFla
     budget = options.get(TREE_BUDGET_KWARG)
     budget = budget if budget is not None else getattr(generation_config, TREE_BUDGET_KWARG, None)
     check_positive_int(TREE_BUDGET_KWARG, budget, "the draft nodes verified per cycle (None: chains)")
+    if generation_config.num_assistant_tokens_schedule in ADAPTIVE_SCHEDULES:
+        policy = "heuristic"
     policy = policy or ("full" if options.get("assistant_settings") else DEFAULT_POLICY)
-    adaptive = generation_config.num_assistant_tokens_schedule in ADAPTIVE_SCHEDULES
-    resolved = DFlashCallOptions(policy=policy, cost_policy=policy == "cost" and not adaptive,
-                                 lookup=lookup is not False, tree_budget=budget)
-    if budget is None and lookup_tokens and not (resolved.cost_policy and resolved.lookup):
+    lookup_source = policy == "cost" and lookup is not False
+    resolved = DFlashCallOptions(
+        policy=policy,
+        lookup_tokens=(lookup_tokens or DEFAULT_LOOKUP_TOKENS) if lookup_source else None,
+        branch_tokens=lookup_tokens if budget is not None else None,
+        lookup_ngram=getattr(generation_config, "max_matching_ngram_size", None) or 2,
+        tree_budget=budget,
+        max_length=getattr(generation_config, "max_length", None),
+    )
+    if budget is None and lookup_tokens and not lookup_source:
         raise ValueError(
             f"prompt_lookup_num_tokens={lookup_tokens} with a DFlash drafter is the length of its prompt-lookup "
             f"drafts: they compete with the drafter's under the default dflash_policy='cost' (with dflash_lookup "

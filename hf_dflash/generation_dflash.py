@@ -8,9 +8,10 @@ import installs the routing.
 The steps of :func:`dflash_decoding` (batch 1 shown; in a batch every row keeps what it accepts, see ``_Rows``):
   1. prefill: the target reads the prompt and chooses the first new token alone;
   then, each cycle:
-  2. draft: the drafter reads the target features of the newly committed tokens and proposes up to
-     ``block_size - 1`` tokens in ONE forward over ``[anchor, MASK, ...]`` (candidates_dflash.py; the cost-aware
-     policy of policy_dflash.py may choose a prompt-lookup continuation, lookup_dflash.py, or a plain step instead);
+  2. draft: the call's draft policy (policy_dflash.py) chooses how many drafts to verify and from which source; the
+     drafter reads the target features of the newly committed tokens and proposes up to ``block_size - 1`` tokens in
+     ONE forward over ``[anchor, MASK, ...]`` (candidates_dflash.py), or a prompt-lookup continuation is proposed
+     (lookup_dflash.py), or none (a plain step);
   3. verify: the target scores ``[anchor, drafts]`` in ONE forward (with ``dflash_tree_budget``, steps 3-5 run over
      a tree of drafts instead: tree_dflash.py);
   4. accept: greedy: the longest prefix of drafts equal to the target's own choices, plus the target's next token;
@@ -28,6 +29,7 @@ assistants (small LMs, prompt lookup, early exit) go to transformers untouched. 
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import os
 import time
@@ -48,10 +50,11 @@ from .checks_dflash import (
     is_dflash_drafter,
     resolve_call_options,
 )
-from .timing_dflash import gemm_friendly_rows, synchronized_clock
-from .rows_dflash import OutputRecorder, Rows, right_padded
+from .policy_dflash import CostAwarePolicy, Draft, DraftPolicy, FullBlocks, HeuristicSchedule, policy_memory
+from .rows_dflash import OutputRecorder, Rows, record, right_padded
 from .sampling_dflash import ProcessorRows, accept, processed_verify_scores, select_tokens
 from .stats_dflash import DFlashStats
+from .timing_dflash import gemm_friendly_rows, synchronized_clock
 from .tree_dflash import TreeVerifier
 
 
@@ -70,18 +73,18 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     a left-padded batch: every row keeps all the drafts the target accepts for it (see :class:`Rows`). The numbered
     steps are the module docstring's."""
     drafter, config, device = assistant_model, generation_config, input_ids.device
-    options = _call_options.get() or resolve_call_options(config)
+    # the call's settings, with the max_length generate prepared (the routing checked the call before that)
+    options = dataclasses.replace(_call_options.get() or resolve_call_options(config), max_length=config.max_length)
     start_time = time.perf_counter()
     stats = drafter.last_stats = DFlashStats(drafter.config.block_size,
                                              row_acceptance_lengths=[[] for _ in input_ids])
     recorder, do_sample = OutputRecorder(config), bool(config.do_sample)
     cache = empty_target_cache(target, model_kwargs)
     forward_kwargs = target_forward_kwargs(target, drafter, cache, config)
+    policy = draft_policy(options, target, drafter, config)
     generator = DFlashCandidateGenerator(drafter, target, config, logits_processor, options)
     tree = None if options.tree_budget is None else TreeVerifier(
-        options.tree_budget, target, drafter, forward_kwargs, logits_processor, stopping_criteria, config,
-        policy=generator.policy,
-    )
+        target, drafter, forward_kwargs, logits_processor, stopping_criteria, config, options, policy)
 
     # 1. prefill: the target reads the prompts and chooses the first new token alone
     rows = Rows.for_prompts(input_ids, model_kwargs.get("attention_mask"))
@@ -91,19 +94,20 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     recurrent, sliding = RecurrentStates(cache), has_sliding_window(cache)
 
     while rows.retire(running, cache, generator.cache, ProcessorRows(logits_processor)):
-        # 2. draft: candidates [anchor, drafts] per row from one drafter forward (or a lookup, or none: a plain step)
+        # 2. draft: the policy chooses the source and count, the generator proposes them (none: a plain step)
         tic = synchronized_clock(device)
+        draft, lookup = next_draft(policy, generator, rows.histories, trees=tree is not None)
         candidates, draft_scores = generator.get_candidates(
-            rows.anchors(), rows.features, histories=rows.histories, context_positions=rows.feature_positions,
-            anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
+            rows.anchors(), rows.features, draft=draft, lookup=lookup, histories=rows.histories,
+            context_positions=rows.feature_positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
         )
         drafts, drafted = candidates[:, 1:], synchronized_clock(device)
-        draft_seconds = drafted - tic if generator.drafter_ran else None
+        drafter_ran = drafts.shape[1] > 0 and not draft.from_lookup
+        draft_seconds = drafted - tic if drafter_ran else None
         stats.draft_seconds += drafted - tic
-        stats.lookup_cycles += int(generator.lookup_size > 0)
-        if tree is not None and generator.drafter_ran:  # steps 3-5 over a tree of drafts
-            running = tree.cycle(rows, cache, draft_scores, stats, recorder, streamer)
-            generator.observe_tree_cycle(device, tree.last_cycle, drafted - tic)
+        stats.lookup_cycles += int(draft.from_lookup)
+        if tree is not None and drafter_ran:  # steps 3-5 over a tree of drafts
+            running = tree.cycle(rows, cache, draft_scores, stats, recorder, streamer, draft_seconds)
             continue
 
         # 3. verify the candidates in one target forward
@@ -119,7 +123,8 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             accepted = accepted.clamp(max=int(accepted.min()))
         stats.verify_seconds += synchronized_clock(device) - drafted
         stats.add_verification(rows.ids, accepted, num_drafts=drafts.shape[1])
-        generator.update_candidate_strategy(candidates, processed, accepted)
+        if not draft.from_lookup:  # lookups are rated from every cycle's offer, verified or not
+            policy.observe_acceptance(drafts.shape[1], accepted.tolist())
 
         # 5. commit, stopping exactly where plain generate would
         keep = int(accepted.max()) + 1
@@ -127,13 +132,12 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             verify = readvance(target, verify, keep, cache, recurrent, forward_kwargs)
         running, committed = rows.commit(
             accepted, tokens, processed, drafter.target_features(verify.outputs.hidden_states),
-            verify.positions[:, : verify.width], cache, verify.cached, stopping_criteria,
-            drafter_read=generator.drafter_ran,
+            verify.positions[:, : verify.width], cache, verify.cached, stopping_criteria, drafter_read=drafter_ran,
         )
         record(recorder, streamer, verify.outputs, verify.raw, processed, committed, verify.cached)
         # the target's share of the cycle, commit included (a plain step pays it too)
-        generator.observe_costs(len(rows), device, verify.padded_width, synchronized_clock(device) - drafted,
-                                draft_seconds)
+        policy.observe_costs(len(rows), device, verify.padded_width, synchronized_clock(device) - drafted,
+                             draft_seconds)
 
     if streamer is not None:
         streamer.end()
@@ -141,6 +145,34 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     stats.total_seconds = time.perf_counter() - start_time
     stats.low_acceptance = check_acceptance(target, drafter, stats)  # one warning per pair when drafts are never taken
     return generate_output(right_padded(rows.finished, config), recorder, cache, config)
+
+
+def draft_policy(options: DFlashCallOptions, target, drafter, config) -> DraftPolicy:
+    """The call's draft policy: the cost-aware one (it carries what it learned of `drafter` across calls), transformers'
+    heuristic schedule, or the same count every cycle. ``num_assistant_tokens`` caps the count (default: the whole
+    block of ``block_size - 1`` drafts); the heuristic schedule starts there and moves within the whole block."""
+    block = drafter.config.block_size - 1
+    most = min(block, config.num_assistant_tokens or block)
+    if options.policy == "cost":
+        return CostAwarePolicy(target, most, policy_memory(drafter))
+    if options.policy == "heuristic":
+        return HeuristicSchedule(start=most, most=block)
+    return FullBlocks(most)
+
+
+def next_draft(policy: DraftPolicy, generator, histories, trees: bool) -> tuple[Draft, list[int]]:
+    """Step 2's choice: (the policy's :class:`Draft`, the lookup continuation on offer). The offer (batch size 1, when
+    the call has a lookup source) is scored by the policy whether verified or not; a tree takes the drafter's whole
+    block whenever the drafter runs (the policy then sizes the tree: :meth:`DraftPolicy.tree_budget`)."""
+    found = generator.lookup_offer(histories)
+    offer, size = found if found is not None else ([], 0)
+    if found is not None:
+        policy.observe_lookup_offer(histories[0], offer, size)
+    draft = policy.choose(len(histories), histories[0].device, len(offer), size,
+                          context=max(len(h) for h in histories))
+    if trees and draft.count and not draft.from_lookup:
+        draft = Draft(policy.most)
+    return draft, offer
 
 
 def target_forward_kwargs(target, drafter, cache, config) -> dict:
@@ -204,15 +236,6 @@ def readvance(target, verify: Verification, keep: int, cache, recurrent, forward
                             position_ids=verify.positions[:, :keep], logits_to_keep=1, **forward_kwargs)
     verify.width = keep
     return verify
-
-
-def record(recorder, streamer, outputs, raw, processed, committed: list[torch.Tensor], cached) -> None:
-    """Step 5's outputs: per-token scores / hidden states (batch 1) and the streamer's new tokens."""
-    if len(committed) != 1:
-        return
-    recorder.add(outputs, raw, processed, len(committed[0]), prefill=False, kv_length=cached)
-    if streamer is not None:
-        streamer.put(committed[0].cpu())
 
 
 def generate_output(sequences, recorder, cache, config):

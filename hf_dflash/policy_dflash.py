@@ -1,188 +1,154 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""The cost-aware draft policy (``dflash_policy="cost"``, the default): how many drafts to verify each cycle, from
-which source (the drafter's block or a prompt lookup), or a plain target step, from measured costs and acceptance.
+"""Draft policies: how many drafts each cycle verifies, and from which source (the drafter's block, a prompt lookup,
+or none: a plain target step).
+
+The decoding loop owns one :class:`DraftPolicy` per ``generate()`` call: it asks :meth:`~DraftPolicy.choose` before
+each cycle and hands it what the cycle measured (costs, acceptance, the lookup on offer); the tree verifier asks it
+for a tree's size. Three policies, chosen by the call's settings:
+  - :class:`FullBlocks` (``dflash_policy="full"``, or a constant ``num_assistant_tokens``): the same count each cycle;
+  - :class:`HeuristicSchedule` (``num_assistant_tokens_schedule="heuristic"``): transformers' +2/-1 rule;
+  - :class:`CostAwarePolicy` (the default): the count and source that maximise expected tokens per second, from
+    measured costs and acceptance.
+Output never depends on the policy: every choice is lossless.
 
 Costs are kept with the objects they describe (weakly keyed by the target, acceptance by the drafter), measured with
 the package's one clock (timing_dflash.py). Part of the remote-code payload: imports only torch and that sibling.
 """
-
-import collections
 import copy
 import functools
 import itertools
 import math
 import operator
-import statistics
 import weakref
+from typing import NamedTuple, Protocol
 
 import torch
 
+from .costs_dflash import CostTable, cost_table
 from .timing_dflash import gemm_friendly_rows
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# the interface, and the two fixed schedules
+class Draft(NamedTuple):
+    """One cycle's choice: verify `count` drafts (0: a plain target step), from the prompt lookup or the drafter."""
+
+    count: int
+    from_lookup: bool = False
+
+
+class DraftPolicy(Protocol):
+    """What the decoding loop and the tree verifier ask of a draft policy, and what they tell it.
+
+    `most` is the most drafts a cycle verifies (a tree is built from that many block positions).
+    """
+
+    most: int
+
+    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
+        """The next cycle's draft: `lookup_length` tokens of prompt-lookup continuation are on offer (0: none), found
+        by an n-gram of `lookup_size` tokens; `context` tokens of text so far (the longest row)."""
+
+    def observe_lookup_offer(self, history: torch.Tensor, offer: list[int], size: int) -> None:
+        """This cycle's lookup offer (batch size 1), verified or not, after the committed text `history`."""
+
+    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
+                      draft_seconds: float | None = None) -> None:
+        """A cycle's measured seconds: the target's verify of `width` rows, the drafter's forward (None: none ran)."""
+
+    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
+        """A verification of `num_drafts` drafter drafts per row; `accepted`: the drafts each row accepted."""
+
+    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
+        """Drafts to verify from a best-first tree whose nodes have the drafter's path log-probabilities
+        `log_probs` (node 0: the anchor)."""
+
+    def observe_tree(self, expected: float, accepted: int) -> None:
+        """A tree verification: the drafter expected `expected` accepted drafts, the target accepted `accepted`."""
+
+
+class FullBlocks:
+    """Every cycle verifies `drafts` drafts of the drafter, and a tree all its nodes: ``dflash_policy="full"`` (the
+    whole block) or transformers' constant ``num_assistant_tokens``. It observes nothing.
+
+    Example:
+        >>> policy = FullBlocks(15)
+        >>> policy.choose(1, "cpu"), policy.tree_budget([0.0, -0.1, -0.5], 1, "cpu")
+        (Draft(count=15, from_lookup=False), 2)
+    """
+
+    def __init__(self, drafts: int):
+        self.most = drafts
+
+    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
+        return Draft(self.most)
+
+    def observe_lookup_offer(self, history, offer, size) -> None:
+        pass
+
+    def observe_costs(self, batch, device, width, target_seconds, draft_seconds=None) -> None:
+        pass
+
+    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
+        pass
+
+    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
+        return len(log_probs) - 1
+
+    def observe_tree(self, expected: float, accepted: int) -> None:
+        pass
+
+
+class HeuristicSchedule(FullBlocks):
+    """transformers' ``num_assistant_tokens_schedule="heuristic"`` (or ``"heuristic_transient"``: the same, as a
+    policy lives for one call): start at `start` drafts; +2 after a cycle where every row accepted every draft, -1
+    otherwise, within [1, `most`].
+
+    Example:
+        >>> schedule = HeuristicSchedule(start=5, most=15)
+        >>> schedule.observe_acceptance(5, [5]); schedule.choose(1, "cpu").count
+        7
+        >>> schedule.observe_acceptance(7, [7, 2]); schedule.choose(2, "cpu").count  # one row fell short
+        6
+    """
+
+    def __init__(self, start: int, most: int):
+        super().__init__(most)
+        self.drafts = start
+
+    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
+        return Draft(self.drafts)
+
+    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
+        if num_drafts == 0:
+            return
+        if all(n == num_drafts for n in accepted):
+            self.drafts = min(self.most, self.drafts + 2)
+        else:
+            self.drafts = max(1, self.drafts - 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # the cost-aware draft length
-class CostTable:
-    """Measured seconds of the target's verify forward by width, and of one drafter forward.
-
-    Each cost comes from its last ``WINDOW`` samples: timing noise on a shared machine mostly adds time (a load spike,
-    another process's burst, a page fault), so one or two bad samples cannot move the estimate, while a machine that
-    really got slower (or faster) shows in every sample and moves it within ``WINDOW`` samples. The widths that
-    drafting cycles measure count at their lower median (what a machine under steady load typically pays, not its
-    luckiest cycle), t(1) at its least sample (see :attr:`verify`). ``age(width)``
-    counts the verify observations since that width was last measured (the policy refreshes a stale t(1)). A width not
-    measured lately is forgotten, estimated from its neighbours until the policy chooses it again: after 16
-    observations when one sample backs it (it may have met a spike), 64 after two, ``FORGET`` after more.
-
-    Example:
-        >>> table = CostTable()
-        >>> table.observe_verify(1, 0.010); table.observe_verify(16, 0.030); table.observe_verify(1, 0.050)  # a spike
-        >>> table.verify[1], round(table.verify_seconds(6), 4), table.verify_seconds(32) > 0.030, table.age(1)
-        (0.01, 0.0167, True, 0)
-    """
-
-    WINDOW = 5
-    FORGET = 256
-
-    def __init__(self):
-        self.verify_samples: dict[int, collections.deque] = {}
-        self.draft_samples: collections.deque = collections.deque(maxlen=self.WINDOW)
-        self.observations = 0
-        self.last_observed: dict[int, int] = {}
-        self._envelope: tuple[int, list[tuple[int, float]]] = (-1, [])  # (observations, envelope) of the last ask
-
-    @property
-    def verify(self) -> dict[int, float]:
-        """{width: seconds} of the widths measured lately, widths ascending: t(1), re-measured only every REFRESH
-        cycles while drafting, by its least sample (one fresh sample corrects a table a loaded machine left); the
-        widths a drafting cycle measures, by their lower median (robust to two spikes in five samples, and
-        what a machine under steady load typically pays: its least sample there is ~10% below a verify of 4-16 rows
-        next to another inference job on this 2-core CPU, 3% for one row, which made drafting look cheaper)."""
-        return {width: (min if width == 1 else statistics.median_low)(samples)
-                for width, samples in sorted(self.verify_samples.items())
-                if self.age(width) < min(self.FORGET, 4 ** (len(samples) + 1))}
-
-    @property
-    def draft(self) -> float | None:
-        return statistics.median_low(self.draft_samples) if self.draft_samples else None
-
-    def observe_verify(self, width: int, seconds: float) -> None:
-        self.verify_samples.setdefault(width, collections.deque(maxlen=self.WINDOW)).append(seconds)
-        self.last_observed[width] = self.observations
-        self.observations += 1
-
-    def observe_draft(self, seconds: float) -> None:
-        self.draft_samples.append(seconds)
-
-    def age(self, width: int) -> int | None:
-        """Verify observations since `width` was last measured (None: never)."""
-        seen = self.last_observed.get(width)
-        return None if seen is None else self.observations - 1 - seen
-
-    def stale(self, width: int, refresh: int) -> bool:
-        """Whether `width` is due for a new measurement: `refresh` observations after the last one, sooner while few
-        samples back its estimate (4 after the first, 16 after the second...: a lone first sample may have met a
-        spike, or the cold start of a call).
-
-        Example:
-            >>> table = CostTable()
-            >>> table.observe_verify(16, 0.03); [table.observe_verify(1, 0.01) for _ in range(4)] and None
-            >>> table.stale(16, refresh=64), table.stale(1, refresh=64)
-            (True, False)
-        """
-        age = self.age(width)
-        return age is not None and age >= min(refresh, 4 * len(self.verify_samples[width]) ** 2)
-
-    def verify_seconds(self, width: int) -> float | None:
-        """Seconds of a verify of `width` rows: on the non-decreasing lower envelope of the measured widths (linear
-        between them, extended past the ends); None if none is measured.
-
-        A wider verify never costs less (it does all the narrower one's work), so a width measured above a wider one
-        met a load spike and counts at the wider one's cost. Nothing else is assumed of the curve's shape: on a CPU
-        it is concave (SmolLM2-135M, one thread: t(2) ~ 1.45 t(1) as the GEMM kernel replaces the matrix-vector one,
-        t(16) ~ 2.2 t(1)), so interior widths must be measured, not read off a convex fit.
-
-        Example:
-            >>> table = CostTable()
-            >>> for width, seconds in [(1, 1.0), (2, 1.45), (2, 1.5), (4, 9.0), (16, 2.2), (16, 2.3)]:  # 4: a spike
-            ...     table.observe_verify(width, seconds)
-            >>> [round(table.verify_seconds(w), 2) for w in (2, 4, 9)]
-            [1.45, 2.2, 2.2]
-            >>> for _ in range(16):  # 16 observations later, the lone (spiked) sample of width 4 is forgotten
-            ...     table.observe_verify(1, 1.0)
-            >>> [round(table.verify_seconds(w), 2) for w in (2, 4, 9)]
-            [1.45, 1.56, 1.83]
-        """
-        # the policy asks ~30 widths per cycle; the envelope changes only with a new observation
-        if self._envelope[0] != self.observations:
-            self._envelope = (self.observations, _monotone_envelope(list(self.verify.items())))
-        points = self._envelope[1]
-        if len(points) == 1:
-            return points[0][1]
-        if not points:
-            return None
-        # the segment whose right end is the first width above `width` (the last segment past the end)
-        right = next((i for i, (x, _) in enumerate(points) if x >= width), len(points) - 1)
-        (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
-        return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
-
-
-def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """`points` sorted by x with each y lowered to the least y at that x or beyond (a running minimum from the
-    right): the highest non-decreasing curve under them.
-
-    Example:
-        >>> _monotone_envelope([(1, 1.0), (4, 9.0), (8, 1.5), (16, 3.0)])  # (4, 9.0) was measured during a spike
-        [(1, 1.0), (4, 1.5), (8, 1.5), (16, 3.0)]
-    """
-    envelope, least = [], math.inf
-    for x, y in reversed(points):
-        least = min(least, y)
-        envelope.append((x, least))
-    return envelope[::-1]
-
-
-# target -> {(device, dtype, batch, context bucket): CostTable}: measured once, refined by every generate() call;
-# weakly keyed, so the tables go with the target (a new model never inherits a collected one's costs, as an id() key
-# could)
-_COST_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # drafter -> what the cost-aware policy learned of its acceptance (gone with the drafter)
 _POLICY_MEMORY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def cost_tables(target) -> dict:
-    """{(device, dtype, batch, context bucket): CostTable} measured for `target` in this process (a new, empty dict
-    the first time)."""
-    return _COST_TABLES.setdefault(target, {})
-
-
-def context_bucket(tokens: int) -> int:
-    """The cost table's bucket for a cached context of `tokens`: 0 below 1,024 tokens, then one per doubling.
-
-    Costs change with the context a forward attends to: a one-row step reads the whole cache once, a verify of k rows
-    reads it once too but attends k rows to all of it, so t(k)/t(1) moves with the context (SmolLM2-135M, one CPU
-    thread, t(16)/t(1): 2.0 after 114 tokens, 2.2 after 4K; 3.3 there with transformers' masked attention, which copies
-    the cache per query head; on GPUs it tends to fall). Costs measured on short prompts must not decide for long ones,
-    nor the reverse: a user
-    switching between a chat and a long document gets each one's own costs (a new bucket costs one full block and one
-    plain step to measure, once per process).
-
-    Example:
-        >>> [context_bucket(n) for n in (0, 1023, 1024, 2047, 2048, 4096, 8000, 32768)]
-        [0, 0, 1, 1, 2, 3, 3, 6]
-    """
-    return (tokens // 1024).bit_length()
-
-
-def cost_table(target, device, batch: int, context: int = 0) -> CostTable:
-    """The :class:`CostTable` of `target` on `device` at batch size `batch` with about `context` tokens cached."""
-    key = (str(device), str(target.dtype), batch, context_bucket(context))
-    return cost_tables(target).setdefault(key, CostTable())
 
 
 def policy_memory(drafter) -> dict:
     """What the cost-aware policy learned of `drafter`'s acceptance in earlier calls (a dict it keeps up to date)."""
     return _POLICY_MEMORY.setdefault(drafter, {})
+
+
+class _Weighed(NamedTuple):
+    """The cost-aware policy's weighing of one cycle: the best `draft` of either source and its expected tokens per
+    second on doubted rates (`speed`), a plain step's (`plain_speed`), and the drafter's best count on its estimated
+    rates with their speed (`hopeful_drafts`, `hopeful_speed`)."""
+
+    draft: Draft
+    speed: float
+    plain_speed: float
+    hopeful_drafts: int
+    hopeful_speed: float
 
 
 class CostAwarePolicy:
@@ -209,20 +175,35 @@ class CostAwarePolicy:
         committed after it (:meth:`observe_lookup_offer`), so copy-heavy text is found from its first cycles and a
         lookup that stops holding is dropped, at no cost.
     Costs are robust to noise (:class:`CostTable`: the lower median of the recent samples, t(1) their least) and kept
-    with the target they describe, per length of context (:func:`context_bucket`); acceptance statistics and the
+    with the target they describe, per length of context (:func:`~costs_dflash.context_bucket`); acceptance statistics and the
     probing schedule carry over to the drafter's next calls. Output never depends on the choice.
     """
 
-    REFRESH = 64  # drafting cycles between two measurements of each end of the cost curve (t(1), a full block)
-    MEMORY = 0.99  # each verification ages the drafter's counts by this factor (about the last 100 count)
-    LOOKUP_MEMORY = 0.9  # each scored offer ages the lookup's (one per cycle, free: the last ~10 count)
-    CALL_PRIOR = 2.0  # the most verifications what earlier calls learned of acceptance counts as in a new call
-    CALL_PROBE = 8  # a new call probes the drafter after this many plain steps at most (4 cost MT-Bench a probe per
-    # 64-token call more; the follow-ups of a probe accepted in full make up for a drafter that got good)
-    PROBE_DRAFTS = 2  # drafts of a backoff probe (the least a promising one verifies)
-    PROMISING_PROBE = 2  # plain steps between two probes of a drafter whose estimated rates say it pays
-    DOUBT = 0.5  # choices bet on acceptance rates this many standard errors below their estimates (a cycle that
-    # drafts and loses costs ~1.5-2 plain steps on a CPU; one that steps plainly and should have drafted, less)
+    # A cycle off the chosen width (a plain step to re-measure t(1), a full block for the far end of the cost curve)
+    # costs up to one cycle's gain: one in 64 keeps that near 2% while a machine whose speed changed is still
+    # noticed within a long call.
+    REFRESH = 64
+    # Each drafter verification ages its counts by this factor, so about the last 100 count: enough to pin a rate to
+    # ~0.05, few enough to follow a text whose difficulty changes.
+    MEMORY = 0.99
+    # Lookup offers are scored every cycle at no cost, so the last ~10 suffice, and a copied passage that ends stops
+    # being verified within a few cycles.
+    LOOKUP_MEMORY = 0.9
+    # Acceptance depends on the text as much as on the drafter: what earlier calls learned counts as at most this
+    # many verifications in a new call, which its own first cycles then outvote.
+    CALL_PRIOR = 2.0
+    # A new call probes the drafter within this many plain steps: a backoff grown on an earlier text must not keep a
+    # short call on a new one from drafting (a probe accepted in full is followed by a deeper one at once).
+    CALL_PROBE = 8
+    # The fewest drafts that measure acceptance past the first depth; a failing 2-draft probe costs ~1.9 plain steps
+    # on a CPU, a 7-draft one ~2.3. A promising probe verifies at least this many.
+    PROBE_DRAFTS = 2
+    # Plain steps between two probes of a drafter whose estimated rates say it pays but whose doubt says not: more
+    # counts settle the question at no expected loss.
+    PROMISING_PROBE = 2
+    # Choices bet on acceptance rates this many standard errors below their estimates: a cycle that drafts and loses
+    # costs ~1.5-2 plain steps on a CPU, one that steps plainly and should have drafted, less.
+    DOUBT = 0.5
 
     REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
                   "lookup_accepted", "tree_expected", "tree_accepted")
@@ -334,62 +315,81 @@ class CostAwarePolicy:
                 self.accepted[depth] += float(depth < n)
         self._remember()
 
-    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0,
-               context: int = 0) -> tuple[int, bool]:
-        """(draft count k, whether the drafts come from the prompt lookup) for the next cycle; `lookup_length`
-        tokens of lookup continuation are on offer (0: none), found by an n-gram of `lookup_size` tokens; `context`
-        tokens of text so far (the cycle's costs, and those it observes, are those of that length:
-        :func:`context_bucket`)."""
+    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
+        """The next cycle's :class:`Draft`; `lookup_length` tokens of lookup continuation are on offer (0: none),
+        found by an n-gram of `lookup_size` tokens; `context` tokens of text so far (the cycle's costs, and those it
+        observes, are those of that length: :func:`~costs_dflash.context_bucket`). Its steps: measure what is not measured yet;
+        weigh the best chain of each source against a plain step; draft, refreshing a stale end of the cost curve
+        now and then, or step plainly, probing the drafter now and then."""
         self.context = context
-        table = self.table(batch, device)
-        width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
         self.cycles += 1
         self._remember()
-        # a call starts with a full block: its costs (once: widths forgotten since are re-measured only when chosen,
-        # else every short call would pay for one) and this drafter's acceptance
+        table = self.table(batch, device)
+        width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
+        unmeasured = self._measure_first(table, width)
+        if unmeasured is not None:
+            return unmeasured
+        best = self._best_chain(table, width, lookup_length, lookup_size)
+        if best.speed > best.plain_speed:
+            return self._draft(best.draft, table, width)
+        return self._plain_step_or_probe(best)
+
+    def _measure_first(self, table: CostTable, width) -> Draft | None:
+        """A call starts with a full block: the drafter's cost, a wide verify and the acceptance at every depth (once:
+        widths forgotten since are re-measured only when chosen, else every short call would pay for one); then one
+        plain step, whose cost cannot be read off wider verifies. None once both are measured."""
         if self.cycles == 1 or table.draft is None or max(table.verify_samples, default=0) < width(self.most + 1):
-            return self.most, False
+            return Draft(self.most)
         if table.age(1) is None:
-            return 0, False  # measure a plain step once: one token at plain speed
-        # k is chosen on the estimated rates; whether it beats a plain step, on rates lowered by their doubt
+            return Draft(0)
+        return None
+
+    def _best_chain(self, table: CostTable, width, lookup_length: int, lookup_size: int) -> "_Weighed":
+        """The best draft of either source against a plain step: the count is chosen on the estimated rates, whether
+        it beats a plain step on rates lowered by their doubt (:attr:`DOUBT`)."""
         seconds = {False: lambda k: table.draft + table.verify_seconds(width(k + 1)),  # the drafter's chain
                    True: lambda k: table.verify_seconds(width(k + 1))}  # a lookup's: no drafter forward
         drafts, hopeful = best_draft_count(self.acceptance_rates(), seconds[False])
-        choice, speed = (drafts, False), chain_speed(self.acceptance_rates(self.DOUBT), drafts, seconds[False])
+        draft, speed = Draft(drafts), chain_speed(self.acceptance_rates(self.DOUBT), drafts, seconds[False])
         if lookup_length:
             k, _ = best_draft_count(self.lookup_rates(lookup_size, lookup_length), seconds[True])
             lookup_speed = chain_speed(self.lookup_rates(lookup_size, lookup_length, self.DOUBT), k, seconds[True])
             if lookup_speed > speed:
-                choice, speed = (k, True), lookup_speed
-        plain = 1.0 / table.verify_seconds(1)
-        if speed > plain:
-            if not choice[1]:  # the drafter pays: its probing starts over (a lookup that wins says nothing of it)
-                self.plain_streak, self.probe_after = 0, 4
-            if table.stale(1, self.REFRESH):
-                return 0, False
-            if table.stale(width(self.most + 1), self.REFRESH) and not choice[1]:
-                return self.most, False  # and a full block now and then: the far end of the cost curve, deep drafts
-            return choice
-        if self.follow_up:  # the last probe's drafts were all accepted: probe again at once, twice as deep
+                draft, speed = Draft(k, from_lookup=True), lookup_speed
+        return _Weighed(draft, speed, 1.0 / table.verify_seconds(1), drafts, hopeful)
+
+    def _draft(self, draft: Draft, table: CostTable, width) -> Draft:
+        """Drafting pays: the drafter's probing starts over when it is the drafter that pays (a lookup that wins says
+        nothing of it); a stale t(1) is re-measured by a plain step, a stale far end of the curve by a full block."""
+        if not draft.from_lookup:
+            self.plain_streak, self.probe_after = 0, 4
+        if table.stale(1, self.REFRESH):
+            return Draft(0)
+        if table.stale(width(self.most + 1), self.REFRESH) and not draft.from_lookup:
+            return Draft(self.most)
+        return draft
+
+    def _plain_step_or_probe(self, best: "_Weighed") -> Draft:
+        """A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). A probe
+        accepted in full is followed at once by one twice as deep. Where the estimated rates say the drafter pays and
+        only their doubt says not, a probe every :attr:`PROMISING_PROBE` steps with the count they favour; else after a
+        backoff doubling from 4 to 64 plain steps, with the fewest drafts that tell (:attr:`PROBE_DRAFTS`)."""
+        if self.follow_up:
             drafts, self.follow_up = self.follow_up, 0
             return self._probe(drafts)
-        # A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). Where
-        # its estimated rates say it pays and only their doubt says not, every PROMISING_PROBE steps (more counts
-        # settle it, at no expected loss), with the count they favour; else after a growing backoff, with the fewest
-        # drafts that tell (a 7-draft probe of a drafter that fails costs ~2.3 plain steps here, a 2-draft one ~1.9).
-        promising = hopeful > plain
+        promising = best.hopeful_speed > best.plain_speed
         self.plain_streak += 1
         if self.plain_streak < (self.PROMISING_PROBE if promising else self.probe_after):
-            return 0, False
+            return Draft(0)
         self.plain_streak = 0
         if promising:
-            return self._probe(max(drafts, self.PROBE_DRAFTS))
+            return self._probe(max(best.hopeful_drafts, self.PROBE_DRAFTS))
         self.probe_after = min(64, 2 * self.probe_after)
         return self._probe(self.PROBE_DRAFTS)
 
-    def _probe(self, drafts: int) -> tuple[int, bool]:
+    def _probe(self, drafts: int) -> Draft:
         self.probe_drafts = drafts
-        return drafts, False
+        return Draft(drafts)
 
     def observe_costs(self, batch: int, device, width: int, target_seconds: float,
                       draft_seconds: float | None = None) -> None:

@@ -164,6 +164,16 @@ class OutputRecorder:
                 )
 
 
+def record(recorder: OutputRecorder, streamer, outputs, raw, processed, committed: list[torch.Tensor], cached) -> None:
+    """Step 5's outputs, for a chain or a tree's path alike: per-token scores / hidden states (batch 1) and the
+    streamer's new tokens. `committed`: each row's new tokens; `raw`/`processed`: their logits, in that order."""
+    if len(committed) != 1:
+        return
+    recorder.add(outputs, raw, processed, len(committed[0]), prefill=False, kv_length=cached)
+    if streamer is not None:
+        streamer.put(committed[0].cpu())
+
+
 def right_padded(histories: list[torch.Tensor], config) -> torch.Tensor:
     """Finished rows padded with pad_token_id to the longest row, as plain batched generate returns them."""
     longest = max(len(h) for h in histories)

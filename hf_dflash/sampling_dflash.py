@@ -211,10 +211,40 @@ def speculative_accept(drafts, draft_probs, target_probs):
     return accepted, tokens
 
 
+def point_mass_accept(drafts, target_probs):
+    """Speculative sampling of drafts proposed with certainty (prompt lookup: q is a point mass on each draft), with
+    no vocabulary-wide q: draft i is accepted with probability p(draft_i) (min(1, p/q) with q = 1); the first rejected
+    position is resampled from p without the rejected token, renormalised (norm(max(0, p - q))); after k acceptances
+    the bonus token is drawn from p. Returns (accepted [b], tokens [b, k + 1]) like :func:`speculative_accept`, with
+    the same draws.
+
+    Example (the target is sure of token 2, then of token 1: both lookup drafts are accepted, 3 is the bonus):
+        >>> p = torch.eye(4)[[2, 1, 3]][None]
+        >>> accepted, tokens = point_mass_accept(torch.tensor([[2, 1]]), p)
+        >>> accepted.tolist(), tokens.tolist()
+        ([2], [[2, 1, 3]])
+    """
+    batch, k = drafts.shape
+    p = target_probs[:, :k].gather(2, drafts[..., None])[..., 0]
+    accepted = leading_true(torch.rand(batch, k, device=drafts.device) < p)
+    at = accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
+    p_next = target_probs.gather(1, at)[:, 0]
+    rejected = accepted < k  # rows whose position `accepted` holds a rejected draft (the others draw the bonus)
+    draft_at = torch.cat([drafts, drafts[:, :1]], dim=1).gather(1, accepted[:, None])
+    residual = torch.where(rejected[:, None], p_next.scatter(1, draft_at, 0.0), p_next)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)  # rounding may empty it
+    tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
+    tokens.scatter_(1, accepted[:, None], torch.multinomial(residual / residual.sum(-1, keepdim=True), 1))
+    return accepted, tokens
+
+
 def accept(drafts, draft_scores, scores, do_sample: bool):
     """Step 4 for drafts [b, k] and processed target `scores` [b, k + 1, V]: (accepted drafts [b], tokens [b, k + 1]).
-    No drafts (a plain step): the target's own token alone."""
+    `draft_scores` None: the drafts were proposed with certainty (a prompt lookup). No drafts (a plain step): the
+    target's own token alone."""
     if do_sample and drafts.shape[1] > 0:
+        if draft_scores is None:
+            return point_mass_accept(drafts, scores.softmax(-1))
         return speculative_accept(drafts, draft_scores.softmax(-1), scores.softmax(-1))
     if do_sample:
         return drafts.new_zeros(drafts.shape[0]), select_tokens(scores, True)

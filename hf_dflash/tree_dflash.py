@@ -35,6 +35,7 @@ import torch
 
 from .cache_dflash import keep_path_slots
 from .lookup_dflash import prompt_lookup
+from .rows_dflash import record
 from .sampling_dflash import vectorizable
 from .timing_dflash import gemm_friendly_rows, synchronized_clock
 
@@ -218,15 +219,18 @@ def sample_path(tree: DraftTree, draft_probs: torch.Tensor, target_probs: torch.
             accepted = None
             for j, child in enumerate(kids):
                 token = tokens[child]
-                if tree.fixed[child]:
-                    q_j = torch.zeros_like(p)
-                    q_j[token] = 1.0
+                if tree.fixed[child]:  # q_j is a point mass on the token: accept with p(token), else p without it
+                    if u[j] < float(p[token]):
+                        accepted = child
+                        break
+                    residual = p.clone()
+                    residual[token] = 0.0
                 else:
                     q_j = q / q.sum()
-                if u[j] * float(q_j[token]) < float(p[token]):  # u < p / q_j, without dividing by q_j
-                    accepted = child
-                    break
-                residual = (p - q_j).clamp_min(0)
+                    if u[j] * float(q_j[token]) < float(p[token]):  # u < p / q_j, without dividing by q_j
+                        accepted = child
+                        break
+                    residual = (p - q_j).clamp_min(0)
                 total = residual.sum()
                 p = residual / total if total > 0 else p  # rounding may empty it
                 if not tree.fixed[child]:
@@ -295,45 +299,44 @@ class _Committed:
 # ----------------------------------------------------------------------------------------------------------------------
 # one cycle
 class TreeVerifier:
-    """Steps 3-5 of a DFlash cycle over a tree of at most `budget` drafts (batch 1), for :func:`dflash_decoding`.
+    """Steps 3-5 of a DFlash cycle over a tree of drafts (batch 1), for :func:`dflash_decoding`.
 
-    The drafter's next context comes from ``drafter.target_features``; with a cost-aware `policy`, each tree is cut
-    to the budget the policy chooses from its node probabilities (None: always `budget`). The call was checked
+    The call's `options` give the most nodes (``tree_budget``) and the n-gram branch (``branch_tokens``); the draft
+    `policy` cuts each tree to the budget it chooses from the node probabilities and is told each tree cycle's costs
+    and acceptance. The drafter's next context comes from ``drafter.target_features``. The call was checked
     (:func:`~checks_dflash.check_tree_call`) before any work.
 
     Example:
         >>> out = target.generate(ids, assistant_model=drafter, dflash_tree_budget=16)  # doctest: +SKIP
     """
 
-    def __init__(self, budget, target, drafter, forward_kwargs, logits_processor, stopping_criteria,
-                 generation_config, policy=None):
-        self.budget, self.target, self.drafter, self.forward_kwargs = budget, target, drafter, forward_kwargs
-        self.policy = policy
-        self.last_cycle = None  # (verify width, accepted drafts, seconds, the drafter's expected accepted drafts)
+    def __init__(self, target, drafter, forward_kwargs, logits_processor, stopping_criteria, generation_config,
+                 options, policy):
+        self.target, self.drafter, self.forward_kwargs = target, drafter, forward_kwargs
+        self.options, self.policy = options, policy
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
         self.do_sample = bool(generation_config.do_sample)
-        self.max_length = generation_config.max_length
-        self.lookup_tokens = generation_config.prompt_lookup_num_tokens  # the n-gram branch (None: none)
-        self.lookup_ngram = generation_config.max_matching_ngram_size or 2
         self.attention = getattr(target.config, "_attn_implementation", "sdpa")
 
-    def cycle(self, rows, cache, draft_scores, stats, recorder=None, streamer=None) -> list[int]:
-        """Verify a tree built from `draft_scores` [1, k, V] for the one row of `rows` and commit the accepted path.
-        Returns the rows that go on (as ``_Rows.commit``)."""
-        tic = synchronized_clock(draft_scores.device)
+    def cycle(self, rows, cache, draft_scores, stats, recorder, streamer, draft_seconds: float) -> list[int]:
+        """Verify a tree built from `draft_scores` [1, k, V] for the one row of `rows`, commit the accepted path and
+        tell the policy the cycle's costs (the drafter's `draft_seconds` included). Returns the rows that go on (as
+        ``Rows.commit``)."""
+        device = draft_scores.device
+        tic = synchronized_clock(device)
         history = rows.histories[0]
-        tree = build_tree(history[-1], draft_scores[0], self.budget, self.do_sample)
-        if self.policy is not None:
-            # the best b-node tree is the first b nodes of the best-first one; its shape never depends on the draws
-            chosen = self.policy.tree_budget(tree.log_probs, batch=1, device=draft_scores.device)
-            if chosen < len(tree) - 1:
-                tree = build_tree(history[-1], draft_scores[0], chosen, self.do_sample)
+        tree = build_tree(history[-1], draft_scores[0], self.options.tree_budget, self.do_sample)
+        # the best b-node tree is the first b nodes of the best-first one; its shape never depends on the draws
+        chosen = self.policy.tree_budget(tree.log_probs, batch=1, device=device)
+        if chosen < len(tree) - 1:
+            tree = build_tree(history[-1], draft_scores[0], chosen, self.do_sample)
         expected = sum(math.exp(p) for p in tree.log_probs[1:])
-        if self.lookup_tokens:  # the n-gram branch, as long as it fits under max_length
-            room = self.lookup_tokens if self.max_length is None else self.max_length - len(history) - 1
-            tree.add_branch(prompt_lookup(history, min(self.lookup_tokens, room), self.lookup_ngram))
+        if self.options.branch_tokens:  # the n-gram branch, as long as it fits under max_length
+            room = self.options.room(len(history))
+            length = self.options.branch_tokens if room is None else min(self.options.branch_tokens, room)
+            tree.add_branch(prompt_lookup(history, length, self.options.lookup_ngram))
         n = len(tree)
-        width = gemm_friendly_rows(n, draft_scores.device)
+        width = gemm_friendly_rows(n, device)
         cached = cache.get_seq_length()
         ids = torch.cat([tree.tokens, tree.tokens[:1].expand(width - n)])[None]
         depths = torch.tensor(tree.depths + [0] * (width - n), device=ids.device)
@@ -349,9 +352,8 @@ class TreeVerifier:
             path, last = sample_path(tree, draft_scores[0].float().softmax(-1), processed.softmax(-1))
         else:
             path, last = greedy_path(tree, processed)
-        seconds = synchronized_clock(draft_scores.device) - tic
+        seconds = synchronized_clock(device) - tic
         stats.verify_seconds += seconds
-        self.last_cycle = (width, len(path), seconds, expected)
 
         kept = torch.tensor([0] + path, device=ids.device)
         rest = torch.tensor([i for i in range(width) if i not in set(kept.tolist())], dtype=torch.long,
@@ -365,9 +367,8 @@ class TreeVerifier:
             accepted, tokens, processed[kept][None], self.drafter.target_features(outputs.hidden_states)[:, order],
             positions[:, order], cache, cached, self.stopping_criteria,
         )
-        if recorder is not None:
-            recorder.add(_Committed(outputs, kept, cached), raw[kept][None], processed[kept][None],
-                         len(committed[0]), prefill=False, kv_length=cached)
-        if streamer is not None:
-            streamer.put(committed[0].cpu())
+        record(recorder, streamer, _Committed(outputs, kept, cached), raw[kept][None], processed[kept][None],
+               committed, cached)
+        self.policy.observe_costs(1, device, width, seconds, draft_seconds)
+        self.policy.observe_tree(expected, len(path))
         return running

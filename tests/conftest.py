@@ -33,7 +33,7 @@ import hf_dflash
 import hf_dflash.timing_dflash
 from hf_dflash.cli import main
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-from hf_dflash.policy_dflash import cost_tables
+from hf_dflash.costs_dflash import cost_tables
 from hf_dflash.models import load_target
 from hf_dflash.training import DFlashTrainingArguments
 
@@ -81,7 +81,7 @@ def every_policy_path():
     (usually rejected: what a lookup in text that does not repeat does). Costs are not recorded (no process-wide state
     changes). Yields the list of (draft count, from lookup) choices made."""
     from hf_dflash import candidates_dflash
-    from hf_dflash.policy_dflash import CostAwarePolicy
+    from hf_dflash.policy_dflash import CostAwarePolicy, Draft
 
     real_choose, real_lookup, made = CostAwarePolicy.choose, candidates_dflash.prompt_lookup_match, []
 
@@ -92,8 +92,8 @@ def every_policy_path():
     def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
         real = real_choose(self, batch, device, lookup_length, lookup_size, context)
         turn = len(made) % 4
-        choice = {0: real, 1: (0, False), 2: (min(lookup_length, 3), True) if lookup_length else real}.get(
-            turn, (self.most, False))
+        choice = {0: real, 1: Draft(0), 2: Draft(min(lookup_length, 3), True) if lookup_length else real}.get(
+            turn, Draft(self.most))
         made.append(choice)
         return choice
 

@@ -12,17 +12,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_dflash"
 PAYLOAD = (
-    "timing_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
+    "timing_dflash", "costs_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
     # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
     "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
     "checks_dflash", "rows_dflash", "hub_dflash", "vocabulary_dflash",
     "candidates_dflash", "tree_dflash",
     "modeling_dflash", "generation_dflash",
-    "configuration_dflash2", "modeling_dflash2",  # DFlash2 drafters (issue 21)
+    "configuration_dflash2", "modeling_dflash2",  # DFlash2 drafters
 )
 # The generation side of the payload, bottom up: a module may import siblings of lower floors only.
 FLOORS = (
-    ("timing_dflash",),  # the one clock and the GEMM-friendly verify widths
+    ("timing_dflash", "costs_dflash"),  # the one clock and the GEMM-friendly verify widths; measured costs
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
     ("checks_dflash", "rows_dflash", "configuration_dflash2", "hub_dflash", "vocabulary_dflash"),

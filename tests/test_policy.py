@@ -1,7 +1,11 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""The cost-aware draft length (the default policy): its choices from measured costs and acceptance, plain target
-steps whose features still reach the drafter, and output identical to plain generate() whatever it chooses."""
+"""Draft policies. The cost-aware draft length (the default): its choices from measured costs and acceptance, plain
+target steps whose features still reach the drafter, and output identical to plain generate() whatever it chooses.
+The seam: the loop and the tree reach every policy through the DraftPolicy protocol only, the generator only
+proposes, and lookup settings are resolved once in DFlashCallOptions."""
 
+import collections
+import dataclasses
 import gc
 import weakref
 
@@ -10,10 +14,15 @@ import torch
 from conftest import DRAFTER_KINDS, LIBRARY_DEFAULT_POLICY, assert_lossless, cached_target, make_drafter, make_prompt
 from conftest import MEASURED_PADDING, install_cost_table, make_target, new_tokens, plain_generate
 
-import hf_dflash.policy_dflash
+from transformers import GenerationConfig
+
+import hf_dflash.costs_dflash
 import hf_dflash.timing_dflash
+from hf_dflash import generation_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-from hf_dflash.policy_dflash import CostAwarePolicy, CostTable, cost_table, cost_tables
+from hf_dflash.checks_dflash import DFlashCallOptions
+from hf_dflash.costs_dflash import CostTable, cost_table, cost_tables
+from hf_dflash.policy_dflash import CostAwarePolicy, Draft, DraftPolicy, FullBlocks, HeuristicSchedule
 from hf_dflash.timing_dflash import gemm_friendly_rows
 
 
@@ -62,7 +71,7 @@ def test_a_good_drafter_verifies_long_chains_and_flat_costs_favour_longer_ones(m
 
 def test_unmeasured_costs_start_with_a_full_block(monkeypatch):
     target = cached_target("llama")
-    monkeypatch.setattr(hf_dflash.policy_dflash, "_COST_TABLES", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(hf_dflash.costs_dflash, "_COST_TABLES", weakref.WeakKeyDictionary())
     assert CostAwarePolicy(target, 7).choose(1, "cpu")[0] == 7
 
 
@@ -90,7 +99,7 @@ def test_a_fresh_target_never_inherits_a_collected_ones_costs():
         cost_table(target, "cpu", 1).observe_verify(1, 123.0)
         del target
         gc.collect()
-    assert not any(t.verify.get(1) == 123.0 for tables in hf_dflash.policy_dflash._COST_TABLES.values()
+    assert not any(t.verify.get(1) == 123.0 for tables in hf_dflash.costs_dflash._COST_TABLES.values()
                    for t in tables.values())
 
 
@@ -193,7 +202,7 @@ def test_plain_steps_still_feed_the_drafter_every_position(lookups):
 
     def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
         k = next(schedule)
-        return (lookup_length, True) if lookups and k == 0 and lookup_length else (k, False)
+        return Draft(lookup_length, True) if lookups and k == 0 and lookup_length else Draft(k)
 
     def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
         cached = self.cache.get_seq_length()
@@ -320,7 +329,7 @@ def test_lookup_offers_are_rated_whether_verified_or_not(monkeypatch):
 def forced_lookups(monkeypatch):
     """Every cycle with a lookup continuation on offer verifies all of it; the drafter drafts full blocks otherwise."""
     def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
-        return (lookup_length, True) if lookup_length else (self.most, False)
+        return Draft(lookup_length, True) if lookup_length else Draft(self.most)
 
     monkeypatch.setattr(CostAwarePolicy, "choose", choose)
 
@@ -409,3 +418,79 @@ def test_few_counts_are_bet_on_with_doubt(monkeypatch):
         policy = policy_with(monkeypatch, costs, draft=0.002, rate=0.6)
         policy.reached, policy.accepted = [counts] * 15, [0.6 * counts] * 15
         assert [policy.choose(1, "cpu")[0] for _ in range(4)] == expected, counts
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the seam: the loop and the tree talk to a policy through DraftPolicy only; the generator only proposes
+PROTOCOL = ("most", "choose", "observe_lookup_offer", "observe_costs", "observe_acceptance", "tree_budget",
+            "observe_tree")
+
+
+class ProtocolOnly:
+    """A policy seen through the DraftPolicy protocol only: reading anything else of it fails the call."""
+
+    def __init__(self, policy, calls: collections.Counter):
+        object.__setattr__(self, "_policy", policy)
+        object.__setattr__(self, "_calls", calls)
+
+    def __getattr__(self, name):
+        if name not in PROTOCOL:
+            raise AttributeError(f"{name!r} was read from the draft policy, which DraftPolicy does not offer")
+        self._calls[name] += 1
+        return getattr(self._policy, name)
+
+
+def test_every_policy_offers_the_whole_protocol():
+    assert set(PROTOCOL) == {n for n in vars(DraftPolicy) if not n.startswith("_")} | {"most"}
+    for policy in (FullBlocks(7), HeuristicSchedule(start=3, most=7), CostAwarePolicy(None, 7)):
+        assert all(callable(getattr(policy, n)) for n in PROTOCOL if n != "most") and policy.most == 7
+
+
+@pytest.mark.parametrize("settings", [
+    dict(dflash_policy="cost", prompt_lookup_num_tokens=6),
+    dict(dflash_policy="full"),
+    dict(num_assistant_tokens=2, num_assistant_tokens_schedule="heuristic"),
+    dict(dflash_policy="cost", dflash_tree_budget=6),
+    dict(dflash_policy="full", dflash_tree_budget=6, prompt_lookup_num_tokens=3),
+], ids=["cost", "full", "heuristic", "cost-tree", "full-tree"])
+def test_the_loop_and_the_tree_ask_the_policy_through_the_protocol_only(settings, monkeypatch):
+    calls = collections.Counter()
+    real = generation_dflash.draft_policy
+    monkeypatch.setattr(generation_dflash, "draft_policy", lambda *args: ProtocolOnly(real(*args), calls))
+    target = cached_target("qwen3")
+    assert_lossless(target, make_drafter(target, block_size=6), copy_prompt(3), max_new_tokens=24,
+                    assisted=settings)
+    assert calls["choose"] > 0 and calls["observe_costs"] > 0
+    assert calls["tree_budget" if "dflash_tree_budget" in settings else "observe_acceptance"] > 0
+    if settings.get("dflash_policy") == "cost" and "dflash_tree_budget" not in settings:
+        assert calls["observe_lookup_offer"] == calls["choose"]  # every cycle's offer is scored
+
+
+def test_heuristic_schedule_follows_transformers_rule():
+    schedule = HeuristicSchedule(start=4, most=7)
+    for num_drafts, accepted in [(4, [4]), (6, [6, 6]), (7, [7]), (7, [3]), (6, [6, 5]), (0, [0])]:
+        schedule.observe_acceptance(num_drafts, accepted)
+    assert schedule.choose(1, "cpu") == Draft(5)  # 4 -> 6 -> 7 (capped) -> 7 -> 6 -> 5; a plain step counts nothing
+
+
+def test_lookup_settings_are_read_from_the_call_options_only():
+    """Token count, n-gram size and the room under max_length come from DFlashCallOptions, resolved once."""
+    target = cached_target("qwen3")
+    config = GenerationConfig(prompt_lookup_num_tokens=9, max_matching_ngram_size=1, max_length=100)
+    options = DFlashCallOptions(lookup_tokens=3, lookup_ngram=2)
+    generator = DFlashCandidateGenerator(make_drafter(target), target, config, options=options)
+    history = torch.tensor([5, 6, 7, 8, 9, 1, 5, 6])
+    assert generator.lookup_offer([history]) == ([7, 8, 9], 2)
+    generator.options = dataclasses.replace(options, max_length=len(history) + 2)
+    assert generator.lookup_offer([history]) == ([7], 2)  # one draft fits, then the target's own token
+    assert generator.lookup_offer([history, history]) is None  # batches draft from the drafter only
+    assert DFlashCandidateGenerator(make_drafter(target), target, config,
+                                    options=DFlashCallOptions(lookup_tokens=None)).lookup_offer([history]) is None
+
+
+def test_lookup_proposals_carry_no_vocabulary_wide_scores():
+    target = cached_target("qwen3")
+    generator = DFlashCandidateGenerator(make_drafter(target), target, GenerationConfig())
+    candidates, scores = generator.get_candidates(torch.tensor([[4]]), draft=Draft(2, from_lookup=True),
+                                                  lookup=[7, 8, 9], histories=[torch.tensor([1, 4])])
+    assert candidates.tolist() == [[4, 7, 8]] and scores is None

@@ -129,14 +129,14 @@ def test_a_stale_table_from_a_loaded_machine_does_not_stick(drafter):
 def test_the_harness_catches_a_policy_locked_by_one_bad_sample(monkeypatch):
     """Negative control: with the previous estimator (an average that one 5x plain-step sample dominates, never
     re-measured while drafting) the weak drafter's bound fails."""
-    from hf_dflash import policy_dflash
+    from hf_dflash import costs_dflash, policy_dflash
 
     def averaged(self):  # every sample ever seen, averaged: one spike moves it for good
         return {w: sum(s) / len(s) for w, s in sorted(self.verify_samples.items())}
 
-    monkeypatch.setattr(policy_dflash.CostTable, "WINDOW", 10_000)
-    monkeypatch.setattr(policy_dflash.CostTable, "verify", property(averaged))
-    monkeypatch.setattr(policy_dflash, "_monotone_envelope", lambda points: points)
+    monkeypatch.setattr(costs_dflash.CostTable, "WINDOW", 10_000)
+    monkeypatch.setattr(costs_dflash.CostTable, "verify", property(averaged))
+    monkeypatch.setattr(costs_dflash, "_monotone_envelope", lambda points: points)
     monkeypatch.setattr(policy_dflash.CostAwarePolicy, "REFRESH", 10**9)
     noise, rate = noise_profiles()["first_plain_sample_5x"], DRAFTERS["weak"]
     assert policy_speed(noise, rate) < 0.95 * fixed_speeds(noise, rate)[0]

@@ -24,7 +24,7 @@ from conftest import (
 from transformers.generation import logits_process as lp
 
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-from hf_dflash.sampling_dflash import processed_verify_scores, speculative_accept
+from hf_dflash.sampling_dflash import point_mass_accept, processed_verify_scores, speculative_accept
 
 def test_chi_square_pvalue_sanity():
     # chi2(1) survival at 3.841 is 0.05; chi2(4) at 9.488 is 0.05
@@ -307,3 +307,20 @@ def test_processed_verify_scores_matches_per_position():
         got = processed_verify_scores(processors, list(input_ids), drafts, logits)
         for i in range(7):
             torch.testing.assert_close(got[:, i], processors(full[:, : 9 + i], logits[:, i].clone()))
+
+
+def test_point_mass_acceptance_draws_as_speculative_sampling_with_one_hot_drafts():
+    """Lookup drafts are judged without a vocabulary-wide q: same accepted counts and tokens, draw for draw, as
+    speculative sampling with q one-hot on each draft (rejected drafts resampled from p without them)."""
+    vocab = 11
+    for seed in range(40):
+        g = torch.Generator().manual_seed(seed)
+        drafts = torch.randint(0, vocab, (3, 4), generator=g)
+        logits = 3.0 * torch.randn(3, 5, vocab, generator=g)
+        logits[:, :4].scatter_add_(2, drafts[..., None], torch.full((3, 4, 1), 2.0 * (seed % 3)))  # often accepted
+        p = logits.softmax(-1)
+        torch.manual_seed(seed)
+        got = point_mass_accept(drafts, p)
+        torch.manual_seed(seed)
+        expected = speculative_accept(drafts, torch.nn.functional.one_hot(drafts, vocab).float(), p)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), seed

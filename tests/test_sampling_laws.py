@@ -23,7 +23,8 @@ from conftest import P_THRESHOLD, cached_target, chi_square_pvalue, left_padded
 
 import hf_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-from hf_dflash.policy_dflash import CostAwarePolicy
+from hf_dflash.policy_dflash import CostAwarePolicy, Draft
+from hf_dflash import sampling_dflash
 
 VOCAB = 8
 NEW = 5  # new tokens checked: the prefill's token, then cycles of up to 3 drafts with block 4 (several cycles)
@@ -301,7 +302,7 @@ REPEATING_PROMPT = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7]])  #
 def sample_with_lookups(monkeypatch, calls: int, seed: int):
     """Batch-1 samples where every cycle with a lookup continuation on offer verifies it (the drafter otherwise)."""
     def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
-        return (lookup_length, True) if lookup_length else (self.most, False)
+        return Draft(lookup_length, True) if lookup_length else Draft(self.most)
 
     monkeypatch.setattr(CostAwarePolicy, "choose", choose)
     target = law_target()
@@ -320,8 +321,8 @@ def test_lookup_drafts_follow_the_law_at_batch_one(monkeypatch):
 def test_lookup_battery_rejects_a_wrong_proposal_law(monkeypatch):
     """Lookup drafts judged as if drawn from a uniform q (instead of the point mass they are) must be caught."""
     law = exact_law(law_target(), REPEATING_PROMPT)
-    monkeypatch.setattr(DFlashCandidateGenerator, "_point_mass_scores",
-                        lambda self, drafts: torch.zeros(*drafts.shape, VOCAB))
+    monkeypatch.setattr(sampling_dflash, "point_mass_accept", lambda drafts, target_probs: sampling_dflash.
+                        speculative_accept(drafts, torch.full_like(target_probs[:, :-1], 1.0 / VOCAB), target_probs))
     counts, _ = sample_with_lookups(monkeypatch, calls=400, seed=6)
     bad, detail = rejected(counts, law)
     assert bad, detail

@@ -38,7 +38,8 @@ from conftest import (
 from transformers import pipeline
 
 from hf_dflash import lookup_dflash, tree_dflash
-from hf_dflash.policy_dflash import CostAwarePolicy, CostTable
+from hf_dflash.costs_dflash import CostTable
+from hf_dflash.policy_dflash import CostAwarePolicy
 from hf_dflash.tree_dflash import build_tree, greedy_path, sample_path, tree_shape
 
 

@@ -12,7 +12,8 @@ import torch
 from conftest import cached_target, drafts_for, install_cost_table, make_drafter, make_prompt, plain_generate
 
 from hf_dflash import tree_dflash
-from hf_dflash.policy_dflash import CostAwarePolicy, CostTable
+from hf_dflash.costs_dflash import CostTable
+from hf_dflash.policy_dflash import CostAwarePolicy, Draft
 from hf_dflash.rows_dflash import Rows
 
 NEW, BUDGET = 24, 12
@@ -90,7 +91,7 @@ def test_drafter_context_across_plain_steps_and_chosen_tree_budgets(monkeypatch)
     with the next tree's) and trees cut to random budgets. The costs it measures go to a table of this test's own."""
     install_cost_table(monkeypatch, cached_target("qwen3"), CostTable())
     rng = random.Random(2)
-    monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *args, **kwargs: (rng.choice([0, 0, self.most]), False))
+    monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *args, **kwargs: Draft(rng.choice([0, 0, self.most])))
     monkeypatch.setattr(CostAwarePolicy, "tree_budget", lambda self, log_probs, batch, device:
                         rng.randint(1, len(log_probs) - 1))
     out, reference, seen, stats = watched_tree_run(monkeypatch, "ranked", 5, do_sample=False, dflash_policy="cost")

@@ -1,0 +1,103 @@
+"""Every draft policy's choices on the real SmolLM2 target and the shipped drafter, with costs held fixed: a
+fingerprint (tokens, tau, each cycle's draft count) that two versions of the code can compare.
+
+The cost-aware policy's choices depend on measured time, which no two runs share; here its cost table is installed
+by hand (one thread's SmolLM2 costs, rounded) and never updated, and the CPU's 9-15-row padding is fixed, so its
+choices depend only on acceptance, and every run of one version of the code gives the same fingerprint. A change
+that only moves code (a refactor of the policy, the loop or the tree) must leave the fingerprint unchanged:
+
+    python benchmarks/conformance/policy_choices.py --json after.json
+    git worktree add /tmp/before <commit> && PYTHONPATH=/tmp/before python benchmarks/conformance/policy_choices.py \
+        --json before.json
+    diff before.json after.json
+
+Methods: full blocks, transformers' heuristic schedule, the cost-aware default (with its prompt lookups), trees of
+16 under full blocks and under the default, and full blocks and the default sampled (seeded). Prompts: 2 each of MT-Bench, GSM8K,
+HumanEval and the code-edit workload, 48 new tokens, one thread, fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+
+import torch
+
+import hf_dflash
+from hf_dflash.data import chat_input_ids
+from hf_dflash.evaluation.prompts import load_eval_prompts
+from hf_dflash.models import load_drafter, load_target
+
+METHODS = {
+    "full": dict(dflash_policy="full"),
+    "heuristic": dict(num_assistant_tokens=4, num_assistant_tokens_schedule="heuristic"),
+    "default": dict(dflash_policy="cost"),
+    "full_tree16": dict(dflash_policy="full", dflash_tree_budget=16),
+    "default_tree16": dict(dflash_policy="cost", dflash_tree_budget=16),
+    "full_sampled": dict(dflash_policy="full", do_sample=True, temperature=0.7),
+    "default_sampled": dict(dflash_policy="cost", do_sample=True, temperature=0.7),
+}
+# seconds of SmolLM2-135M's verify forward by width and of a drafter forward, one thread (rounded)
+COSTS = {1: 0.0100, 2: 0.0145, 4: 0.0160, 8: 0.0180, 16: 0.0220}
+DRAFT_SECONDS = 0.006
+
+
+def freeze_costs(target) -> None:
+    """Install COSTS as the target's table for short prompts, stop every update, fix the row padding (none)."""
+    try:  # the cost table's home since the policy seam; before it, the policy module
+        from hf_dflash import costs_dflash as costs
+    except ImportError:
+        from hf_dflash import policy_dflash as costs
+    table = costs.CostTable()
+    for width, seconds in COSTS.items():
+        table.observe_verify(width, seconds)
+    table.observe_draft(DRAFT_SECONDS)
+    table.observe_verify = lambda width, seconds: None
+    table.observe_draft = lambda seconds: None
+    for bucket in range(4):
+        costs.cost_tables(target)[("cpu", str(target.dtype), 1, bucket)] = table
+    for module in ("timing_dflash", "policy_dflash"):
+        if hasattr(getattr(hf_dflash, module, None), "rows_slower_than_sixteen"):
+            getattr(hf_dflash, module).rows_slower_than_sixteen = lambda: frozenset()
+
+
+def fingerprint(target, drafter, prompts: list[torch.Tensor], settings: dict, max_new_tokens: int) -> dict:
+    """Tokens (a hash), tau and each call's draft counts for `prompts`, in order (the policy's memory of the
+    drafter carries from one call to the next, as in the bench)."""
+    digest, accepted, verifications, counts = hashlib.sha256(), 0, 0, []
+    for i, ids in enumerate(prompts):
+        torch.manual_seed(i)
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=max_new_tokens,
+                              **{"do_sample": False, **settings})
+        digest.update(json.dumps(out[0].tolist()).encode())
+        stats = drafter.last_stats
+        accepted += sum(stats.acceptance_lengths)
+        verifications += len(stats.acceptance_lengths)
+        counts.append(list(stats.drafts_per_cycle))
+    return {"tokens_sha256": digest.hexdigest()[:16], "tau": round(accepted / max(verifications, 1), 4),
+            "verifications": verifications, "drafts_per_cycle": counts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--json", default=None, help="write the fingerprints to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    target, tokenizer = load_target()
+    drafter = load_drafter(None, target)
+    freeze_costs(target)
+    prompts = [chat_input_ids(tokenizer, prompt) for dataset in ("mtbench", "gsm8k", "humaneval", "code_edit")
+               for prompt in load_eval_prompts(dataset, limit=2)]
+    rows = {}
+    for name, settings in METHODS.items():
+        rows[name] = fingerprint(target, drafter, prompts, settings, args.max_new_tokens)
+        print(name, rows[name]["tokens_sha256"], "tau", rows[name]["tau"], flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

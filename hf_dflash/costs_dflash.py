@@ -1,0 +1,166 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Measured costs of a target's verify forwards by width, and of a drafter forward: what the cost-aware draft policy
+(policy_dflash.py) weighs. One :class:`CostTable` per target, device, dtype, batch size and length of context, kept
+with the target (weakly keyed) and refined by every ``generate()`` call of the process.
+
+Part of the remote-code payload: imports only the standard library.
+"""
+
+import collections
+import math
+import statistics
+import weakref
+
+
+class CostTable:
+    """Measured seconds of the target's verify forward by width, and of one drafter forward.
+
+    Each cost comes from its last ``WINDOW`` samples: timing noise on a shared machine mostly adds time (a load spike,
+    another process's burst, a page fault), so one or two bad samples cannot move the estimate, while a machine that
+    really got slower (or faster) shows in every sample and moves it within ``WINDOW`` samples. The widths that
+    drafting cycles measure count at their lower median (what a machine under steady load typically pays, not its
+    luckiest cycle), t(1) at its least sample (see :attr:`verify`). ``age(width)``
+    counts the verify observations since that width was last measured (the policy refreshes a stale t(1)). A width not
+    measured lately is forgotten, estimated from its neighbours until the policy chooses it again: after 16
+    observations when one sample backs it (it may have met a spike), 64 after two, ``FORGET`` after more.
+
+    Example:
+        >>> table = CostTable()
+        >>> table.observe_verify(1, 0.010); table.observe_verify(16, 0.030); table.observe_verify(1, 0.050)  # a spike
+        >>> table.verify[1], round(table.verify_seconds(6), 4), table.verify_seconds(32) > 0.030, table.age(1)
+        (0.01, 0.0167, True, 0)
+    """
+
+    WINDOW = 5
+    FORGET = 256
+
+    def __init__(self):
+        self.verify_samples: dict[int, collections.deque] = {}
+        self.draft_samples: collections.deque = collections.deque(maxlen=self.WINDOW)
+        self.observations = 0
+        self.last_observed: dict[int, int] = {}
+        self._envelope: tuple[int, list[tuple[int, float]]] = (-1, [])  # (observations, envelope) of the last ask
+
+    @property
+    def verify(self) -> dict[int, float]:
+        """{width: seconds} of the widths measured lately, widths ascending: t(1), re-measured only every REFRESH
+        cycles while drafting, by its least sample (one fresh sample corrects a table a loaded machine left); the
+        widths a drafting cycle measures, by their lower median (robust to two spikes in five samples, and
+        what a machine under steady load typically pays: its least sample there is ~10% below a verify of 4-16 rows
+        next to another inference job on this 2-core CPU, 3% for one row, which made drafting look cheaper)."""
+        return {width: (min if width == 1 else statistics.median_low)(samples)
+                for width, samples in sorted(self.verify_samples.items())
+                if self.age(width) < min(self.FORGET, 4 ** (len(samples) + 1))}
+
+    @property
+    def draft(self) -> float | None:
+        return statistics.median_low(self.draft_samples) if self.draft_samples else None
+
+    def observe_verify(self, width: int, seconds: float) -> None:
+        self.verify_samples.setdefault(width, collections.deque(maxlen=self.WINDOW)).append(seconds)
+        self.last_observed[width] = self.observations
+        self.observations += 1
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft_samples.append(seconds)
+
+    def age(self, width: int) -> int | None:
+        """Verify observations since `width` was last measured (None: never)."""
+        seen = self.last_observed.get(width)
+        return None if seen is None else self.observations - 1 - seen
+
+    def stale(self, width: int, refresh: int) -> bool:
+        """Whether `width` is due for a new measurement: `refresh` observations after the last one, sooner while few
+        samples back its estimate (4 after the first, 16 after the second...: a lone first sample may have met a
+        spike, or the cold start of a call).
+
+        Example:
+            >>> table = CostTable()
+            >>> table.observe_verify(16, 0.03); [table.observe_verify(1, 0.01) for _ in range(4)] and None
+            >>> table.stale(16, refresh=64), table.stale(1, refresh=64)
+            (True, False)
+        """
+        age = self.age(width)
+        return age is not None and age >= min(refresh, 4 * len(self.verify_samples[width]) ** 2)
+
+    def verify_seconds(self, width: int) -> float | None:
+        """Seconds of a verify of `width` rows: on the non-decreasing lower envelope of the measured widths (linear
+        between them, extended past the ends); None if none is measured.
+
+        A wider verify never costs less (it does all the narrower one's work), so a width measured above a wider one
+        met a load spike and counts at the wider one's cost. Nothing else is assumed of the curve's shape: on a CPU
+        it is concave (SmolLM2-135M, one thread: t(2) ~ 1.45 t(1) as the GEMM kernel replaces the matrix-vector one,
+        t(16) ~ 2.2 t(1)), so interior widths must be measured, not read off a convex fit.
+
+        Example:
+            >>> table = CostTable()
+            >>> for width, seconds in [(1, 1.0), (2, 1.45), (2, 1.5), (4, 9.0), (16, 2.2), (16, 2.3)]:  # 4: a spike
+            ...     table.observe_verify(width, seconds)
+            >>> [round(table.verify_seconds(w), 2) for w in (2, 4, 9)]
+            [1.45, 2.2, 2.2]
+            >>> for _ in range(16):  # 16 observations later, the lone (spiked) sample of width 4 is forgotten
+            ...     table.observe_verify(1, 1.0)
+            >>> [round(table.verify_seconds(w), 2) for w in (2, 4, 9)]
+            [1.45, 1.56, 1.83]
+        """
+        # the policy asks ~30 widths per cycle; the envelope changes only with a new observation
+        if self._envelope[0] != self.observations:
+            self._envelope = (self.observations, _monotone_envelope(list(self.verify.items())))
+        points = self._envelope[1]
+        if len(points) == 1:
+            return points[0][1]
+        if not points:
+            return None
+        # the segment whose right end is the first width above `width` (the last segment past the end)
+        right = next((i for i, (x, _) in enumerate(points) if x >= width), len(points) - 1)
+        (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
+        return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
+
+
+def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """`points` sorted by x with each y lowered to the least y at that x or beyond (a running minimum from the
+    right): the highest non-decreasing curve under them.
+
+    Example:
+        >>> _monotone_envelope([(1, 1.0), (4, 9.0), (8, 1.5), (16, 3.0)])  # (4, 9.0) was measured during a spike
+        [(1, 1.0), (4, 1.5), (8, 1.5), (16, 3.0)]
+    """
+    envelope, least = [], math.inf
+    for x, y in reversed(points):
+        least = min(least, y)
+        envelope.append((x, least))
+    return envelope[::-1]
+
+
+# target -> {(device, dtype, batch, context bucket): CostTable}: measured once, refined by every generate() call;
+# weakly keyed, so the tables go with the target (a new model never inherits a collected one's costs, as an id() key
+# could)
+_COST_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def cost_tables(target) -> dict:
+    """{(device, dtype, batch, context bucket): CostTable} measured for `target` in this process (a new, empty dict
+    the first time)."""
+    return _COST_TABLES.setdefault(target, {})
+
+
+def context_bucket(tokens: int) -> int:
+    """The cost table's bucket for a cached context of `tokens`: 0 below 1,024 tokens, then one per doubling.
+
+    Costs change with the context a forward attends to: a one-row step reads the whole cache once, a verify of k rows
+    reads it once too but attends k rows to all of it, so t(k)/t(1) moves with the context (SmolLM2-135M, one CPU
+    thread, t(16)/t(1): 2.0 after 114 tokens, 2.2 after 4K; 3.3 there with transformers' masked attention, which copies
+    the cache per query head; on GPUs it tends to fall). Costs measured on short prompts must not decide for long ones,
+    nor the reverse: a user
+    switching between a chat and a long document gets each one's own costs (a new bucket costs one full block and one
+    plain step to measure, once per process).
+
+    Example:
+        >>> [context_bucket(n) for n in (0, 1023, 1024, 2047, 2048, 4096, 8000, 32768)]
+        [0, 0, 1, 1, 2, 3, 3, 6]
+    """
+    return (tokens // 1024).bit_length()
+
+
+def cost_table(target, device, batch: int, context: int = 0) -> CostTable:
+    """The :class:`CostTable` of `target` on `device` at batch size `batch` with about `context` tokens cached."""
+    key = (str(device), str(target.dtype), batch, context_bucket(context))
+    return cost_tables(target).setdefault(key, CostTable())
