@@ -35,8 +35,8 @@ the split is by source, and no count on either side can make the two overlap:
 Every turn of these prompts also passes the evaluation-text check above. A kind yields fewer than N prompts only
 when its source has fewer: code_edit 700 (this machine's Python 3.11), document 95 (19 files), multi_turn 3,553
 (2,836 beside the 1,600 chat prompts of ``--num-prompts 3200``).
-``hf-dflash regenerate`` reads a message list up to its first user turn (:func:`hf_dflash.data.prompt_from_record`):
-multi_turn records are answered as continuations only once it keeps a whole conversation that ends on a user turn.
+``hf-dflash regenerate`` answers a multi_turn record's last turn, with the conversation before it as context
+(:func:`hf_dflash.data.prompt_from_record` keeps a ``prompt`` conversation that ends on a user turn whole).
 
     python scripts/build_smollm2_prompts.py                       # -> ~/.cache/hf_dflash/train/smollm2_prompts.jsonl
     python scripts/build_smollm2_prompts.py --num-prompts 400 --seed 1 --output prompts.jsonl
@@ -60,7 +60,7 @@ from collections import Counter
 from pathlib import Path
 
 # The evaluation harness's own wording, so the drafter sees the formats it will serve.
-from hf_dflash.data.records import Prompt, prompt_from_record
+from hf_dflash.data.records import Prompt
 from hf_dflash.evaluation.prompts import (CODE_TEMPLATE, DOCUMENTS, MATH_SUFFIX, SUMMARIZE, WORKLOAD_SOURCES, Document,
                                           WheelTexts, code_edit_prompt, continuation, document_prompts,
                                           load_eval_prompts, load_eval_records)
@@ -472,10 +472,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("chat", p) for p in chat] + [("code", p) for p in code] + [("math", p) for p in math_prompts]
     if args.workloads > 0:
         rows += workload_prompts(args.workloads, args.seed, starts, entry_points, conversations, chat)
-        conversation = continuation("a", "b", "c")
-        if prompt_from_record({"prompt": conversation}) != conversation:
-            print("warning: hf-dflash regenerate reads a message list up to its first user turn "
-                  "(hf_dflash.data.prompt_from_record): the multi_turn prompts would be answered as their first turn")
     rows = [(s, p) for s, p in rows if not is_evaluation_text(prompt_words(p), starts)]
     rng.shuffle(rows)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,9 @@ def _read_datasets_folder(path: Path) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------------------
 # prompts
 def prompt_from_record(record: dict[str, Any]) -> Prompt | None:
-    """The prompt of one record: chat messages (system turns + the first user turn) or a plain string.
+    """The prompt of one record: chat messages (system turns + the first user turn) or a plain string; a `prompt`
+    that is a conversation ending on a user turn is kept whole (a multi-turn prompt: the target answers its last
+    turn).
 
     Reads `messages` / `conversations` (OpenAI `role`/`content` or ShareGPT `from`/`value`), else `prompt`,
     `question`, `instruction` (+ Alpaca `input`), `turns` (MT-Bench: first turn), `text`. None when unusable.
@@ -150,6 +152,10 @@ def prompt_from_record(record: dict[str, Any]) -> Prompt | None:
     Example:
         >>> prompt_from_record({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]})
         [{'role': 'user', 'content': 'Hi'}]
+        >>> turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"},
+        ...          {"role": "user", "content": "And?"}]
+        >>> [m["content"] for m in prompt_from_record({"prompt": turns})]
+        ['Hi', 'Yo', 'And?']
         >>> prompt_from_record({"instruction": "Translate", "input": "chat"})
         'Translate\\n\\nchat'
     """
@@ -161,7 +167,8 @@ def prompt_from_record(record: dict[str, Any]) -> Prompt | None:
         if key == "input" and "instruction" in record:
             continue
         if isinstance(value, list) and value and isinstance(value[0], dict):
-            return _first_user_turn(value)
+            whole = _conversation(value) if key == "prompt" else None
+            return whole if whole is not None else _first_user_turn(value)
         if isinstance(value, list) and value and isinstance(value[0], str):
             value = value[0]
         if isinstance(value, str) and value.strip():
@@ -189,6 +196,19 @@ def _first_user_turn(messages: list[dict]) -> list[dict[str, str]] | None:
         else:
             break  # an assistant turn before any user turn: nothing to answer
     return None
+
+
+def _conversation(messages: list[dict]) -> list[dict[str, str]] | None:
+    """`messages` with chat roles, when every one is a message and the last is a user turn (None otherwise)."""
+    turns = []
+    for message in messages:
+        role = ROLE_NAMES.get(str(message.get("role", message.get("from", ""))).lower()) if isinstance(
+            message, dict) else None
+        content = message.get("content", message.get("value")) if isinstance(message, dict) else None
+        if role is None or not isinstance(content, str):
+            return None
+        turns.append({"role": role, "content": content})
+    return turns if len(turns) > 1 and turns[-1]["role"] == "user" else None
 
 
 def load_prompts(path: str | os.PathLike, limit: int | None = None) -> list[tuple[int, Prompt]]:

@@ -29,6 +29,18 @@ def test_prompt_fields():
     assert prompt_from_record({"conversations": [{"from": "gpt", "value": "no user"}]}) is None
 
 
+def test_a_multi_turn_prompt_is_kept_whole_for_the_target_to_answer_its_last_turn():
+    """A `prompt` conversation ending on a user turn (the training builder's multi-turn continuations) is the
+    context the target answers; a full `messages` conversation still yields its first exchange only."""
+    turns = [{"role": "system", "content": "S"}, {"from": "human", "value": "Q1"}, {"from": "gpt", "value": "A1"},
+             {"role": "user", "content": "Q2"}]
+    assert prompt_from_record({"prompt": turns}) == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Q2"}]
+    assert prompt_from_record({"prompt": turns[:3]}) == turns[:1] + [{"role": "user", "content": "Q1"}]  # no question
+    assert prompt_from_record({"messages": turns}) == turns[:1] + [{"role": "user", "content": "Q1"}]
+
+
 def test_dataset_without_prompt_field_is_rejected(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"answer": "4", "id": 1}\n{"answer": "5", "id": 2}\n')
