@@ -19,6 +19,8 @@
 #   LIMIT=768 STEPS=data scripts/train_smollm2_drafter.sh       # the data of the 768-prompt runs only
 #   LIMIT=768 LAYERS=2 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # 2 drafter layers
 #   VARIANT=dflare LIMIT=768 BUDGET=4200 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # the DFlare twin
+#   FLOOR=0.2 LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # deeper positions keep learning
+#   POSITIONS=fixed LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # the paper's fixed decay
 # DRY_RUN=1 prints the commands of steps 1, 3 and 4 instead of running them. PYTHON=.venv/bin/python picks the
 # interpreter; NICE, OMP_NUM_THREADS and HF_DFLASH_CACHE as in scripts/common.sh.
 #
@@ -66,6 +68,8 @@ REGEN="$TRAIN/smollm2_regen.jsonl"
 DATA="$TRAIN/smollm2_regen_$LIMIT.jsonl"
 VARIANT="${VARIANT:-dflash}"  # dflash or dflare (STAGE=v3: DFlash and DFlare trained side by side)
 LAYERS="${LAYERS:-1}"         # drafter layers (--init-from-target starts them as the target's last LAYERS layers)
+POSITIONS="${POSITIONS:-acceptance}"  # STAGE=v3's position weighting: acceptance (measured weights) or fixed (the paper's)
+FLOOR="${FLOOR:-0.02}"        # STAGE=v3: the smallest weight of a position under measured weights
 STEPS="${STEPS:-all}"         # all, or data: stop after step 3
 FIRST="$TRAIN/smollm2-dflash-$LIMIT"  # the first run's output, the continuation's starting point
 case "$STAGE" in
@@ -74,6 +78,8 @@ case "$STAGE" in
   v3) OUTPUT="$TRAIN/smollm2-$VARIANT-v3-$LIMIT" ;;
 esac
 [[ "$LAYERS" != 1 ]] && OUTPUT="$OUTPUT-${LAYERS}layers"  # the 1-layer runs keep their folder names
+[[ "$POSITIONS" != acceptance ]] && OUTPUT="$OUTPUT-$POSITIONS"
+[[ "$FLOOR" != 0.02 ]] && OUTPUT="$OUTPUT-floor$FLOOR"
 FEATURES="$TRAIN/smollm2-features-$LIMIT"
 ASSETS="hf_dflash/assets/smollm2-dflash"
 
@@ -127,7 +133,8 @@ case "$STAGE" in
       exit 2
     fi
     RECIPE=("${SHIPPED_RECIPE[@]}" --lr 3e-4 --init-drafter "$FIRST" --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct) ;;
-  v3) RECIPE=(--variant "$VARIANT" --position-weighting acceptance --lr 6e-4 --init-from-target) ;;
+  v3) RECIPE=(--variant "$VARIANT" --position-weighting "$POSITIONS" --position-weight-floor "$FLOOR" --lr 6e-4
+              --init-from-target) ;;
 esac
 RESUME=()
 [[ -d "$OUTPUT/checkpoints" ]] && RESUME=(--resume)
