@@ -74,6 +74,44 @@ def test_the_shipped_drafter_has_one_tau():
     assert info["tau_measured_on"] and results["unseen_prompts"]["command"].startswith("python benchmarks/")
 
 
+def train_command(stage: str, cache: Path) -> list[str]:
+    """The `hf-dflash train` words the rebuild script runs for `stage` (its DRY_RUN, nothing trained)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cache), "HF_DFLASH_CACHE": str(cache), "DRY_RUN": "1",
+           "STAGE": stage, "PYTHON": "python3"}
+    printed = subprocess.run(["bash", "scripts/train_smollm2_drafter.sh"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, check=True)
+    printed = printed.stdout + printed.stderr
+    line = next(line for line in printed.splitlines() if " -m hf_dflash train " in line)
+    return line.split(" -m hf_dflash train ", 1)[1].split()
+
+
+def flag_values(words: list[str]) -> dict[str, str | None]:
+    """{--flag: its value (None for a switch)} of a command's words."""
+    flags = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            flags[word] = None if nxt is None or nxt.startswith("--") else nxt
+    return flags
+
+
+def test_the_rebuild_script_trains_the_shipped_drafter_with_the_arguments_it_records(tmp_path):
+    """training_info.json names each stage's arguments: the script's stages run exactly those (the first run's
+    recipe; the continuation's overrides of it)."""
+    stages = json.loads((SHIPPED / "training_info.json").read_text())["stages"]
+    first = flag_values(train_command("first", tmp_path))
+    recorded = flag_values(stages["first"]["arguments"].split())
+    assert {flag: first.get(flag, "absent") for flag in recorded} == recorded
+    continued = flag_values(train_command("continue", tmp_path))
+    overrides = {"--lr": "3e-4", "--max-steps": "4000", "--max-cpu-seconds": "9000",
+                 "--target-hub-id": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    assert all(flag in stages["continue"]["arguments"] for flag in overrides)
+    assert {flag: continued.get(flag) for flag in overrides} == overrides
+    assert continued["--init-drafter"].endswith("smollm2-dflash-1536")  # the first stage's output
+    kept = {flag: value for flag, value in recorded.items() if flag not in overrides and flag != "--init-from-target"}
+    assert {flag: continued.get(flag, "absent") for flag in kept} == kept
+
+
 def test_every_measuring_script_stamps_the_json_it_writes():
     """A script under benchmarks/ with a --json option records when, where and under what load it ran: it calls
     run_stamp (hf_dflash.evaluation.machine) or hf-dflash bench's run_benchmark, which does."""
