@@ -68,6 +68,16 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return list(_iter_json_lines(io.StringIO(text), str(path)))  # splits on \n only, like a file
 
 
+def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append `record` to a JSONL file as one line in ONE write, flushed and fsynced: a kill leaves at most a partial
+    last line, which :func:`read_records` skips (progress files and training logs resume from what is there)."""
+    line = (json.dumps(record) + "\n").encode("utf-8")
+    with open(path, "ab") as file:
+        file.write(line)
+        file.flush()
+        os.fsync(file.fileno())
+
+
 def iter_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Records one at a time; JSONL files are streamed line by line (paper-scale data does not fit as text)."""
     path = Path(path)

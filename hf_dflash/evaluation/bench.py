@@ -35,7 +35,6 @@ Example:
 
 import contextlib
 import dataclasses
-import json
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..data.chat import chat_input_ids
-from ..data.records import read_records
+from ..data.records import append_record, read_records
 from ..generation_dflash import builtin_generation
 from ..timing_dflash import synchronized_clock
 from ..stats_dflash import DFlashStats
@@ -277,10 +276,7 @@ class BenchProgress:
                       "runs": {method: dataclasses.asdict(run) for method, run in runs.items()}})
 
     def _append(self, entry: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_record(self.path, entry)
 
 
 def run_from_json(entry: dict) -> Run:

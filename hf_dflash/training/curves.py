@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..data.records import append_record
+
 LOG_FILE = "training_log.jsonl"
 
 
@@ -50,11 +52,7 @@ class TrainingLog:
     def append(self, record: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
-        line = (json.dumps(record) + "\n").encode("utf-8")
-        with open(self.path, "ab") as file:
-            file.write(line)
-            file.flush()
-            os.fsync(file.fileno())
+        append_record(self.path, dict(record))
 
 
 def read_log(path: str | os.PathLike, kind: str | None = None) -> list[dict[str, Any]]:
