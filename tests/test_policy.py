@@ -494,3 +494,23 @@ def test_lookup_proposals_carry_no_vocabulary_wide_scores():
     candidates, scores = generator.get_candidates(torch.tensor([[4]]), draft=Draft(2, from_lookup=True),
                                                   lookup=[7, 8, 9], histories=[torch.tensor([1, 4])])
     assert candidates.tolist() == [[4, 7, 8]] and scores is None
+
+
+def test_num_assistant_tokens_caps_the_cost_aware_policy_which_still_steps_plainly(monkeypatch):
+    """With dflash_policy="cost" and num_assistant_tokens=3, the policy's own most is 3: it measures, drafts at most 3
+    and, for a drafter whose drafts fail, steps plainly (a cap below the block once kept it asking for full blocks,
+    which the cap cut to 3, forever)."""
+    target = cached_target("qwen3")
+    table = CostTable()
+    for _ in range(CostTable.WINDOW):
+        for width, seconds in {1: 0.010, 2: 0.0145, 4: 0.016}.items():
+            table.observe_verify(width, seconds)
+        table.observe_draft(0.006)
+    install_cost_table(monkeypatch, target, table)
+    monkeypatch.setattr(CostAwarePolicy, "observe_costs", lambda self, *args, **kwargs: None)
+    prompt, drafter = make_prompt(10, seed=5), make_drafter(target, block_size=8)
+    got = target.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False,
+                          dflash_policy="cost", num_assistant_tokens=3, dflash_lookup=False)
+    assert got.tolist() == plain_generate(target, prompt, max_new_tokens=30).tolist()
+    counts = drafter.last_stats.drafts_per_cycle
+    assert counts[0] == 3 and max(counts) <= 3 and counts.count(0) > len(counts) // 2, counts
