@@ -15,7 +15,7 @@ from .cache_dflash import cache_argument
 from .checkpoint_dflash import plain_head_rows
 from .checks_dflash import DFlashCallOptions, resolve_call_options
 from .lookup_dflash import prompt_lookup_match
-from .policy_dflash import Draft
+from .policy_dflash import Draft, most_drafts
 from .timing_dflash import gemm_friendly_rows
 from .sampling_dflash import choose_drafts, select_tokens
 
@@ -52,7 +52,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.lm_head = own_head or target.get_output_embeddings()
         self.block_size = drafter.config.block_size
         # a call without the policy's draft (transformers' API alone): num_assistant_tokens drafts, or the whole block
-        self.default_drafts = min(self.block_size - 1, generation_config.num_assistant_tokens or self.block_size - 1)
+        self.default_drafts = most_drafts(self.block_size, generation_config.num_assistant_tokens)
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
@@ -98,7 +98,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         **kwargs,
     ):
         """CandidateGenerator API: ``(input_ids + drafts, draft_scores)`` for the policy's `draft` (None:
-        ``num_assistant_tokens`` drafts, or the whole block), none past max_length; ``(input_ids, None)`` when no draft fits, as transformers' generators answer.
+        ``num_assistant_tokens`` drafts, or the whole block), none past max_length; ``(input_ids, None)`` when no draft
+        fits, as transformers' generators answer.
         Lookup drafts (`draft.from_lookup`: the first `draft.count` tokens of `lookup`) come with no scores: they are
         proposed with certainty (q is a point mass on each, :func:`~sampling_dflash.accept`).
 

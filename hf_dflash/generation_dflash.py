@@ -50,7 +50,9 @@ from .checks_dflash import (
     is_dflash_drafter,
     resolve_call_options,
 )
-from .policy_dflash import CostAwarePolicy, Draft, DraftPolicy, FullBlocks, HeuristicSchedule, policy_memory
+from .policy_dflash import (
+    CostAwarePolicy, Draft, DraftPolicy, FullBlocks, HeuristicSchedule, most_drafts, policy_memory,
+)
 from .rows_dflash import OutputRecorder, Rows, record, right_padded
 from .sampling_dflash import ProcessorRows, accept, processed_verify_scores, select_tokens
 from .stats_dflash import DFlashStats
@@ -152,7 +154,7 @@ def draft_policy(options: DFlashCallOptions, target, drafter, config) -> DraftPo
     heuristic schedule, or the same count every cycle. ``num_assistant_tokens`` caps the count (default: the whole
     block of ``block_size - 1`` drafts); the heuristic schedule starts there and moves within the whole block."""
     block = drafter.config.block_size - 1
-    most = min(block, config.num_assistant_tokens or block)
+    most = most_drafts(drafter.config.block_size, config.num_assistant_tokens)
     if options.policy == "cost":
         return CostAwarePolicy(target, most, policy_memory(drafter))
     if options.policy == "heuristic":

@@ -37,6 +37,13 @@ class Draft(NamedTuple):
     from_lookup: bool = False
 
 
+def most_drafts(block_size: int, num_assistant_tokens: int | None) -> int:
+    """The most drafts a cycle verifies: ``num_assistant_tokens`` when set, never more than the drafter's block holds
+    (``block_size - 1``: the anchor takes the block's first slot)."""
+    block = block_size - 1
+    return min(block, num_assistant_tokens or block)
+
+
 class DraftPolicy(Protocol):
     """What the decoding loop and the tree verifier ask of a draft policy, and what they tell it.
 
