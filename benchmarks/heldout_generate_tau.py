@@ -7,6 +7,11 @@ full blocks (``dflash_policy="full"``: every cycle drafts the whole block, so ta
 
     python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash ~/.cache/hf_dflash/train/run/final
     python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash --json tau.json   # rows + machine stamp
+    python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash --workloads 4     # + the bench's kinds
+
+``--workloads N`` also measures the first N prompts of each of the bench's workloads (code_edit, doc_qa,
+multi_turn: prompts the training data is kept apart from, but that the bench reads), as columns of their own that
+"all" leaves out.
 
 A JSON line per drafter on stdout; with ``--json FILE`` also the rows with the run's stamp (date, commit, versions,
 CPU, threads, load average before and after).
@@ -42,6 +47,9 @@ def heldout_prompts() -> dict[str, list[str]]:
     }
 
 
+WORKLOADS = ("code_edit", "doc_qa", "multi_turn")
+
+
 def group_tau(target, tokenizer, drafter, prompts: list[str], max_new_tokens: int) -> dict:
     """:func:`~hf_dflash.evaluation.acceptance.measure_acceptance_length` of `prompts` in the chat template: tau
     over all their verifications (full-block chains) and how many there were."""
@@ -55,12 +63,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the rows and the run's stamp to this file")
+    parser.add_argument("--workloads", type=int, default=0, metavar="N",
+                        help="also tau on the first N prompts of each of the bench's workloads (default 0)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = load_average()
 
     target, tokenizer = load_target()
     groups = heldout_prompts()
+    workloads = {name: load_eval_prompts(name, limit=args.workloads) for name in WORKLOADS if args.workloads}
     rows = []
     for path in args.drafters:
         drafter = load_drafter(path, target)
@@ -69,11 +80,13 @@ def main() -> None:
         row = {"drafter": portable_name(path), **{name: round(m["tau"], 3) for name, m in measured.items()}}
         verifications = sum(m["num_verifications"] for m in measured.values())  # "all": tau over every verification
         row["all"] = round(sum(m["tau"] * m["num_verifications"] for m in measured.values()) / verifications, 3)
+        row.update({name: round(group_tau(target, tokenizer, drafter, prompts, args.max_new_tokens)["tau"], 3)
+                    for name, prompts in workloads.items()})
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.json:
         report = {"machine": run_stamp("cpu", load_before), "max_new_tokens": args.max_new_tokens,
-                  "prompts": {name: len(prompts) for name, prompts in groups.items()}, "policy": "full blocks, greedy",
+                  "prompts": {name: len(prompts) for name, prompts in {**groups, **workloads}.items()}, "policy": "full blocks, greedy",
                   "rows": rows}
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(json.dumps(report, indent=2) + "\n")

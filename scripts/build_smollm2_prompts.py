@@ -41,6 +41,7 @@ when its source has fewer: code_edit 700 (this machine's Python 3.11), document 
     python scripts/build_smollm2_prompts.py                       # -> ~/.cache/hf_dflash/train/smollm2_prompts.jsonl
     python scripts/build_smollm2_prompts.py --num-prompts 400 --seed 1 --output prompts.jsonl
     python scripts/build_smollm2_prompts.py --workloads 90 --output prompts_workloads.jsonl
+    python scripts/build_smollm2_prompts.py --num-prompts 3200 --workloads 90 --workloads-only --output w.jsonl
 """
 
 from __future__ import annotations
@@ -450,7 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", type=int, default=0, metavar="N",
                         help="also N prompts of each kind the bench's workloads measure: code_edit, document, "
                         "multi_turn (default 0)")
+    parser.add_argument("--workloads-only", action="store_true",
+                        help="write the --workloads prompts only (the other prompts are still drawn, so the "
+                        "multi_turn first turns stay apart from the chat prompts the same --num-prompts/--seed give)")
     args = parser.parse_args(argv)
+    if args.workloads_only and args.workloads <= 0:
+        parser.error("--workloads-only needs --workloads N (N > 0)")
 
     rng = random.Random(args.seed)
     counts = {name: int(round(args.num_prompts * share)) for name, share in MIX}
@@ -471,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [("chat", p) for p in chat] + [("code", p) for p in code] + [("math", p) for p in math_prompts]
     if args.workloads > 0:
-        rows += workload_prompts(args.workloads, args.seed, starts, entry_points, conversations, chat)
+        extra = workload_prompts(args.workloads, args.seed, starts, entry_points, conversations, chat)
+        rows = extra if args.workloads_only else rows + extra
     rows = [(s, p) for s, p in rows if not is_evaluation_text(prompt_words(p), starts)]
     rng.shuffle(rows)
     args.output.parent.mkdir(parents=True, exist_ok=True)

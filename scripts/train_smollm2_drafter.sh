@@ -21,6 +21,7 @@
 #   VARIANT=dflare LIMIT=768 BUDGET=4200 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # the DFlare twin
 #   FLOOR=0.2 LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # deeper positions keep learning
 #   POSITIONS=fixed LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # the paper's fixed decay
+#   WORKLOADS=200 LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # + the bench's kinds
 # DRY_RUN=1 prints the commands of steps 1, 3 and 4 instead of running them. PYTHON=.venv/bin/python picks the
 # interpreter; NICE, OMP_NUM_THREADS and HF_DFLASH_CACHE as in scripts/common.sh.
 #
@@ -70,6 +71,10 @@ VARIANT="${VARIANT:-dflash}"  # dflash or dflare (STAGE=v3: DFlash and DFlare tr
 LAYERS="${LAYERS:-1}"         # drafter layers (--init-from-target starts them as the target's last LAYERS layers)
 POSITIONS="${POSITIONS:-acceptance}"  # STAGE=v3's position weighting: acceptance (measured weights) or fixed (the paper's)
 FLOOR="${FLOOR:-0.02}"        # STAGE=v3: the smallest weight of a position under measured weights
+# STAGE=v3: also up to N prompts of each kind the bench's workloads measure (code edits, questions about documents,
+# multi-turn continuations; build_smollm2_prompts.py --workloads, disjoint from the bench's prompts), regenerated
+# apart and added to the LIMIT prompts' data; the held-out set stays the LIMIT data's own (--eval-data)
+WORKLOADS="${WORKLOADS:-0}"
 STEPS="${STEPS:-all}"         # all, or data: stop after step 3
 FIRST="$TRAIN/smollm2-dflash-$LIMIT"  # the first run's output, the continuation's starting point
 case "$STAGE" in
@@ -80,7 +85,9 @@ esac
 [[ "$LAYERS" != 1 ]] && OUTPUT="$OUTPUT-${LAYERS}layers"  # the 1-layer runs keep their folder names
 [[ "$POSITIONS" != acceptance ]] && OUTPUT="$OUTPUT-$POSITIONS"
 [[ "$FLOOR" != 0.02 ]] && OUTPUT="$OUTPUT-floor$FLOOR"
+[[ "$WORKLOADS" != 0 ]] && OUTPUT="$OUTPUT-workloads$WORKLOADS"
 FEATURES="$TRAIN/smollm2-features-$LIMIT"
+[[ "$WORKLOADS" != 0 ]] && FEATURES="$FEATURES-workloads$WORKLOADS"
 ASSETS="hf_dflash/assets/smollm2-dflash"
 
 run() {  # a command, or with DRY_RUN=1 its words
@@ -113,6 +120,26 @@ PY
   mv "$DATA.tmp" "$DATA"
 fi
 
+# 3b. WORKLOADS=N: the bench's kinds, regenerated apart (prompts over 480 tokens skipped: at --max-length 512 they
+# would leave fewer than 32 response tokens to learn from), then appended to the LIMIT prompts' data
+EVAL_DATA=()
+if [[ "$WORKLOADS" != 0 ]]; then
+  WPROMPTS="$TRAIN/smollm2_prompts_workloads$WORKLOADS.jsonl"
+  WREGEN="$TRAIN/smollm2_regen_workloads$WORKLOADS.jsonl"
+  if [[ ! -s "$WPROMPTS" ]]; then
+    run $NICE "$PYTHON" scripts/build_smollm2_prompts.py --num-prompts "$NUM_PROMPTS" --seed "$SEED" \
+      --workloads "$WORKLOADS" --workloads-only --output "$WPROMPTS"
+  fi
+  run $NICE $HF_DFLASH regenerate --target smollm2 --prompts "$WPROMPTS" --output "$WREGEN" \
+    --max-new-tokens 160 --batch-size 16 --max-prompt-length 480
+  EVAL_DATA=(--eval-data "$DATA")
+  MIXED="$TRAIN/smollm2_regen_${LIMIT}_workloads$WORKLOADS.jsonl"
+  if [[ "${DRY_RUN:-0}" != 1 && ! -s "$MIXED" ]]; then
+    cat "$DATA" "$WREGEN" > "$MIXED.tmp" && mv "$MIXED.tmp" "$MIXED"
+  fi
+  DATA="$MIXED"
+fi
+
 if [[ "$STEPS" == data ]]; then
   echo "data: $DATA ($( [[ -s "$DATA" ]] && wc -l < "$DATA" || echo 0) responses; STEPS=data: not training)"
   exit 0
@@ -138,7 +165,7 @@ case "$STAGE" in
 esac
 RESUME=()
 [[ -d "$OUTPUT/checkpoints" ]] && RESUME=(--resume)
-[[ -f "$OUTPUT/eval.json" ]] || run $NICE $HF_DFLASH train "${COMMON[@]}" "${RECIPE[@]}" "${RESUME[@]}"
+[[ -f "$OUTPUT/eval.json" ]] || run $NICE $HF_DFLASH train "${COMMON[@]}" "${RECIPE[@]}" "${EVAL_DATA[@]}" "${RESUME[@]}"
 
 # 5. ship the final drafter (not the checkpoints, not the remote-code copies: hf_dflash loads its own asset) --------
 if [[ "${SHIP:-0}" != 1 || "${DRY_RUN:-0}" == 1 ]]; then

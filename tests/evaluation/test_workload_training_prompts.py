@@ -121,3 +121,15 @@ def test_the_option_writes_records_regenerate_reads(sources, tmp_path, monkeypat
     assert builder.main(["--num-prompts", "12", "--output", str(output)]) == 0
     assert {json.loads(line)["source"] for line in output.read_text(encoding="utf-8").splitlines()} <= {
         "chat", "code", "math"}
+
+
+def test_workloads_only_writes_the_same_workload_prompts_and_nothing_else(sources, tmp_path, monkeypatch):
+    monkeypatch.setattr(builder, "sharegpt_conversations", lambda wheel, starts: sources[2])
+    both, only = tmp_path / "both.jsonl", tmp_path / "only.jsonl"
+    assert builder.main(["--num-prompts", "12", "--workloads", "3", "--output", str(both)]) == 0
+    assert builder.main(["--num-prompts", "12", "--workloads", "3", "--workloads-only", "--output", str(only)]) == 0
+    rows = {kind: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+            for kind, path in (("both", both), ("only", only))}
+    assert Counter(r["source"] for r in rows["only"]) == {kind: 3 for kind in KINDS}
+    key = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+    assert sorted(map(key, rows["only"])) == sorted(key(r) for r in rows["both"] if r["source"] in KINDS)
