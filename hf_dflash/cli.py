@@ -137,13 +137,18 @@ def add_demo_parser(subparsers) -> None:
     parser.set_defaults(func=demo_command, max_new_tokens=128)
 
 
+def layers(count: int) -> str:
+    """"1 layer", "30 layers"."""
+    return f"{count} layer{'' if count == 1 else 's'}"
+
+
 def demo_command(args: argparse.Namespace) -> int:
     target, tokenizer, drafter, device = load_models_from_args(args)
     name = getattr(target.config, "_name_or_path", "") or type(target).__name__
     print(
-        f"target {name} ({target.config.get_text_config().num_hidden_layers} layers) on {device}/"
+        f"target {name} ({layers(target.config.get_text_config().num_hidden_layers)}) on {device}/"
         f"{str(target.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads | drafter "
-        f"{getattr(drafter.config, '_name_or_path', '') or 'untrained'} ({drafter.config.num_hidden_layers} layers, "
+        f"{getattr(drafter.config, '_name_or_path', '') or 'untrained'} ({layers(drafter.config.num_hidden_layers)}, "
         f"block {drafter.config.block_size})"
     )
     comparisons = run_demo(target, tokenizer, drafter, args.prompts, args.max_new_tokens)

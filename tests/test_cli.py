@@ -68,6 +68,7 @@ def test_a_killed_bench_resumes_from_its_progress_file_and_refuses_other_setting
     error = capsys.readouterr().err
     assert "max_new_tokens: 10 there, 11 now" in error and "delete it to start over" in error
 
+
 def test_demo_command_reports_identical_outputs(tiny_folder, capsys):
     code = cli.main([
         "demo", "--target", str(tiny_folder / "target"), "--drafter", str(tiny_folder / "drafter"),
@@ -76,6 +77,7 @@ def test_demo_command_reports_identical_outputs(tiny_folder, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "[2/2] Why?" in out and "outputs identical: yes" in out and "tau" in out
+    assert "(1 layer, block" in out  # the tiny drafter's one layer, in words
 
 
 def test_cli_verbose_reaches_our_loggers():
