@@ -122,8 +122,9 @@ class DFlashTrainingArguments:
         "help": "Held-out evaluation every N optimizer steps (and at step 0) besides each epoch end, appended to "
                 "training_log.jsonl with training seconds and processed tokens/blocks (0 = epoch ends only)."})
     max_cpu_seconds: float | None = field(default=None, metadata={
-        "help": "Stop after this many CPU seconds of training steps (process CPU time, evaluation excluded; "
-                "equal-compute comparisons). The learning-rate schedule still follows --epochs / --max-steps."})
+        "help": "Stop after this many CPU seconds of training steps (process CPU time of all processes together, "
+                "evaluation excluded; equal-compute comparisons). The learning-rate schedule still follows --epochs / "
+                "--max-steps."})
     # recipe options (issue 13); the defaults keep the paper's recipe except position_weighting (measured best)
     distill_weight: float = field(default=0.0, metadata={
         "help": "Share a of distillation from the frozen target's next-token distribution at each label position: "

@@ -2,8 +2,9 @@
 """Learning curves: ``training_log.jsonl`` (one JSON record per line, appended and flushed as training goes, cut
 back to the checkpoint's length on resume so a resumed run has no duplicates) and the PNG drawn from it.
 
-Records (every one carries the compute spent so far: ``train_seconds`` and ``train_cpu_seconds`` of training steps,
-``elapsed_seconds`` including evaluation, and the ``tokens`` / ``blocks`` processed):
+Records (every one carries the compute spent so far: ``train_seconds`` (wall) and ``train_cpu_seconds`` (all
+processes together) of training steps, ``elapsed_seconds`` including evaluation, and the ``tokens`` / ``blocks``
+processed):
 
 - ``{"kind": "train", "step", "epoch", "loss", "accuracy", "acceptance_length", "lr", "gamma", "grad_norm", ...}``
   every ``logging_steps`` optimizer steps (training-batch metrics);

@@ -253,7 +253,7 @@ class DFlashTrainer:
                 wall, cpu = time.perf_counter(), time.process_time()
                 log = self.training_step(groups[self.groups_done], self.epoch, gamma)
                 self.compute["train_seconds"] += time.perf_counter() - wall
-                self.compute["train_cpu_seconds"] += time.process_time() - cpu
+                self.compute["train_cpu_seconds"] += self.all_processes(time.process_time() - cpu)
                 self.global_step += 1
                 self.groups_done += 1
                 self.history.append(log)
@@ -282,15 +282,17 @@ class DFlashTrainer:
             self.save_checkpoint()
         return self.finish(heldout)
 
+    def all_processes(self, seconds: float) -> float:
+        """The sum of `seconds` over all processes: a step's CPU time counts every core that worked on it, so runs
+        on one and on two processes compare at equal compute."""
+        if self.accelerator.num_processes == 1:
+            return seconds
+        return float(self.accelerator.reduce(torch.tensor(seconds, device=self.accelerator.device), "sum"))
+
     def out_of_budget(self) -> bool:
-        """--max-cpu-seconds spent (decided on the largest count of all processes, so they stop together)."""
+        """--max-cpu-seconds spent (the same sum on every process, so they stop together)."""
         budget = self.args.max_cpu_seconds
-        if budget is None:
-            return False
-        spent = torch.tensor(self.compute["train_cpu_seconds"], device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            spent = self.accelerator.gather(spent[None]).max()
-        return float(spent) >= budget
+        return budget is not None and self.compute["train_cpu_seconds"] >= budget
 
     def compute_so_far(self) -> dict[str, Any]:
         """The compute counters, with the wall time since the run started (across resumes) as elapsed_seconds."""

@@ -46,7 +46,8 @@ def kill(trainer, log):
 def record(name, trainer):
     rank = trainer.accelerator.process_index
     state = {{"num_processes": trainer.accelerator.num_processes, "history": trainer.history,
-             "groups": [trainer.epoch_groups(epoch) for epoch in range(settings["epochs"])]}}
+             "groups": [trainer.epoch_groups(epoch) for epoch in range(settings["epochs"])],
+             "compute": trainer.compute}}
     (root / f"{{name}}-{{rank}}.json").write_text(json.dumps(state))
 
 
@@ -134,6 +135,14 @@ def test_killed_ddp_run_resumes_step_for_step(ddp_run):
                                   key=lambda p: int(p.parent.name.split("-")[1]))[-1].read_text())
     assert resumed["history"] == cli_state["history"]
     assert any(h.get("step") == KILL_AT for h in resumed["history"])
+
+
+def test_every_process_counts_the_cpu_time_of_all(ddp_run):
+    """The CPU seconds of training steps (--max-cpu-seconds and the curves' x axis) are summed over the processes
+    each step: every process holds the same total, so a 2-process run is compared at the compute it used."""
+    root, _ = ddp_run
+    spent = [json.loads((root / f"resumed-{rank}.json").read_text())["compute"]["train_cpu_seconds"] for rank in (0, 1)]
+    assert spent[0] == spent[1] > 0
 
 
 def test_each_process_gets_its_own_share_of_every_step(ddp_run):
