@@ -22,6 +22,7 @@
 #   FLOOR=0.2 LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # deeper positions keep learning
 #   POSITIONS=fixed LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # the paper's fixed decay
 #   WORKLOADS=200 LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # + the bench's kinds
+#   PROCESSES=2 LIMIT=768 BUDGET=3400 MAX_STEPS=1000 scripts/train_smollm2_drafter.sh   # both cores, same CPU budget
 # DRY_RUN=1 prints the commands of steps 1, 3 and 4 instead of running them. PYTHON=.venv/bin/python picks the
 # interpreter; NICE, OMP_NUM_THREADS and HF_DFLASH_CACHE as in scripts/common.sh.
 #
@@ -75,6 +76,10 @@ FLOOR="${FLOOR:-0.02}"        # STAGE=v3: the smallest weight of a position unde
 # multi-turn continuations; build_smollm2_prompts.py --workloads, disjoint from the bench's prompts), regenerated
 # apart and added to the LIMIT prompts' data; the held-out set stays the LIMIT data's own (--eval-data)
 WORKLOADS="${WORKLOADS:-0}"
+# Training processes: 2 trains on both cores (two gloo processes, one sequence each per step, gradients averaged:
+# half the steps of one process for the same data; BUDGET counts the CPU seconds of both). Use it only when nothing
+# else needs the machine.
+PROCESSES="${PROCESSES:-1}"
 STEPS="${STEPS:-all}"         # all, or data: stop after step 3
 FIRST="$TRAIN/smollm2-dflash-$LIMIT"  # the first run's output, the continuation's starting point
 case "$STAGE" in
@@ -86,6 +91,7 @@ esac
 [[ "$POSITIONS" != acceptance ]] && OUTPUT="$OUTPUT-$POSITIONS"
 [[ "$FLOOR" != 0.02 ]] && OUTPUT="$OUTPUT-floor$FLOOR"
 [[ "$WORKLOADS" != 0 ]] && OUTPUT="$OUTPUT-workloads$WORKLOADS"
+[[ "$PROCESSES" != 1 ]] && OUTPUT="$OUTPUT-${PROCESSES}procs"
 FEATURES="$TRAIN/smollm2-features-$LIMIT"
 [[ "$WORKLOADS" != 0 ]] && FEATURES="$FEATURES-workloads$WORKLOADS"
 ASSETS="hf_dflash/assets/smollm2-dflash"
@@ -165,7 +171,13 @@ case "$STAGE" in
 esac
 RESUME=()
 [[ -d "$OUTPUT/checkpoints" ]] && RESUME=(--resume)
-[[ -f "$OUTPUT/eval.json" ]] || run $NICE $HF_DFLASH train "${COMMON[@]}" "${RECIPE[@]}" "${EVAL_DATA[@]}" "${RESUME[@]}"
+TRAIN_COMMAND=($HF_DFLASH)
+if [[ "$PROCESSES" != 1 ]]; then  # accelerate joins the processes into one gloo group only with ACCELERATE_USE_CPU
+  TRAIN_COMMAND=(env ACCELERATE_USE_CPU=true "$PYTHON" -m accelerate.commands.launch --multi_gpu
+                 --num_processes "$PROCESSES" --num_machines 1 --mixed_precision no --dynamo_backend no -m hf_dflash)
+fi
+[[ -f "$OUTPUT/eval.json" ]] || run $NICE "${TRAIN_COMMAND[@]}" train "${COMMON[@]}" "${RECIPE[@]}" "${EVAL_DATA[@]}" \
+  "${RESUME[@]}"
 
 # 5. ship the final drafter (not the checkpoints, not the remote-code copies: hf_dflash loads its own asset) --------
 if [[ "${SHIP:-0}" != 1 || "${DRY_RUN:-0}" == 1 ]]; then
