@@ -103,12 +103,15 @@ def test_the_rebuild_script_trains_the_shipped_drafter_with_the_arguments_it_rec
     recorded = flag_values(stages["first"]["arguments"].split())
     assert {flag: first.get(flag, "absent") for flag in recorded} == recorded
     continued = flag_values(train_command("continue", tmp_path))
-    overrides = {"--lr": "3e-4", "--max-steps": "4000", "--max-cpu-seconds": "9000",
-                 "--target-hub-id": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    overrides = {"--lr": "3e-4", "--max-steps": "4000", "--target-hub-id": "HuggingFaceTB/SmolLM2-135M-Instruct"}
     assert all(flag in stages["continue"]["arguments"] for flag in overrides)
     assert {flag: continued.get(flag) for flag in overrides} == overrides
     assert continued["--init-drafter"].endswith("smollm2-dflash-1536")  # the first stage's output
-    kept = {flag: value for flag, value in recorded.items() if flag not in overrides and flag != "--init-from-target"}
+    # each stage ends at a step count (a CPU budget would end it elsewhere on a busier machine)
+    assert first["--stop-at-step"] == str(stages["first"]["steps"]) and "--max-cpu-seconds" not in first
+    assert "--stop-at-step" not in continued and "--max-cpu-seconds" not in continued
+    kept = {flag: value for flag, value in recorded.items()
+            if flag not in overrides and flag not in ("--init-from-target", "--stop-at-step")}
     assert {flag: continued.get(flag, "absent") for flag in kept} == kept
 
 

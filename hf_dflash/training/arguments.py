@@ -43,7 +43,8 @@ DEFAULTS_BEFORE = {"position_weighting": "fixed"}
 NON_DEFINING_FIELDS = frozenset({
     "output_dir", "resume", "save_every", "save_total_limit", "eval_prompts", "num_eval_prompts",
     "eval_max_new_tokens", "feature_cache", "attn_implementation", "logging_steps", "push_to_hub",
-    "max_eval_samples", "target_device_map", "eval_every", "max_cpu_seconds", "draft_vocab_size", "target_hub_id",
+    "max_eval_samples", "target_device_map", "eval_every", "max_cpu_seconds", "stop_at_step", "draft_vocab_size",
+    "target_hub_id",
 })
 
 
@@ -125,6 +126,9 @@ class DFlashTrainingArguments:
         "help": "Stop after this many CPU seconds of training steps (process CPU time of all processes together, "
                 "evaluation excluded; equal-compute comparisons). The learning-rate schedule still follows --epochs / "
                 "--max-steps."})
+    stop_at_step: int | None = field(default=None, metadata={
+        "help": "Stop after this many optimizer steps, the learning-rate schedule still that of --epochs / "
+                "--max-steps: one stage of a longer schedule, or the rebuild of a run a CPU budget stopped there."})
     # recipe options (issue 13); the defaults keep the paper's recipe except position_weighting (measured best)
     distill_weight: float = field(default=0.0, metadata={
         "help": "Share a of distillation from the frozen target's next-token distribution at each label position: "
@@ -225,6 +229,8 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
     if args.target_hub_id and hub_id_of(args.target_hub_id) != args.target_hub_id:
         raise ValueError(f"--target-hub-id {args.target_hub_id!r} is not a Hub id: pass the target's repository "
                          "on the Hub, e.g. --target-hub-id Qwen/Qwen3-8B.")
+    if args.stop_at_step is not None and args.stop_at_step < 1:
+        raise ValueError(f"--stop-at-step {args.stop_at_step} must be >= 1 (optimizer steps).")
     if args.eval_data and not args.eval_split:
         raise ValueError(f"--eval-data {args.eval_data!r} needs --eval-split > 0 (the share of it held out).")
 

@@ -245,10 +245,10 @@ class DFlashTrainer:
         heldout: dict[str, Any] = {}
         if args.eval_every and self.global_step == 0:
             heldout = self.evaluate_and_log()  # the untrained drafter: the curve's origin
-        while self.epoch < args.epochs and self.global_step < self.total_steps and not self.out_of_budget():
+        while self.epoch < args.epochs and self.global_step < self.total_steps and not self.stop_here():
             groups = self.epoch_groups(self.epoch)
             while (self.groups_done < len(groups) and self.global_step < self.total_steps
-                   and not self.out_of_budget()):
+                   and not self.stop_here()):
                 gamma = gamma_at(args, self.epoch, self.global_step, self.total_steps)
                 wall, cpu = time.perf_counter(), time.process_time()
                 log = self.training_step(groups[self.groups_done], self.epoch, gamma)
@@ -289,10 +289,11 @@ class DFlashTrainer:
             return seconds
         return float(self.accelerator.reduce(torch.tensor(seconds, device=self.accelerator.device), "sum"))
 
-    def out_of_budget(self) -> bool:
-        """--max-cpu-seconds spent (the same sum on every process, so they stop together)."""
-        budget = self.args.max_cpu_seconds
-        return budget is not None and self.compute["train_cpu_seconds"] >= budget
+    def stop_here(self) -> bool:
+        """--stop-at-step reached or --max-cpu-seconds spent (the same sum on every process: they stop together)."""
+        budget, last = self.args.max_cpu_seconds, self.args.stop_at_step
+        return ((budget is not None and self.compute["train_cpu_seconds"] >= budget)
+                or (last is not None and self.global_step >= last))
 
     def compute_so_far(self) -> dict[str, Any]:
         """The compute counters, with the wall time since the run started (across resumes) as elapsed_seconds."""

@@ -6,6 +6,7 @@ Each option is checked twice: exactly (the computation against a brute-force or 
 resume and the DFlare variant are checked with every option on at once.
 """
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -531,3 +532,19 @@ def test_runs_started_before_the_new_options_still_resume(workdir, data_file, ta
     with pytest.raises(ValueError, match="different run.*distill_weight"):
         DFlashTrainer(small_args(data_file, workdir / "old-run", epochs=1, max_steps=2, eval_split=0.0, save_every=1,
                                  distill_weight=0.5, resume=True), target, tokenizer)
+
+
+def test_stop_at_step_is_a_stage_of_the_same_schedule(workdir, data_file, target_and_tokenizer):
+    """--stop-at-step ends the run early on the schedule of --max-steps (not a shorter one), and resuming without it
+    finishes the same run: a stage and its continuation are the uninterrupted run, step for step."""
+    target, tokenizer = target_and_tokenizer
+    whole = DFlashTrainer(small_args(data_file, workdir / "whole", max_steps=6), target, tokenizer)
+    whole.train()
+    staged = small_args(data_file, workdir / "staged", max_steps=6, stop_at_step=3)
+    assert DFlashTrainer(staged, target, tokenizer).train()["steps"] == 3
+    rest = DFlashTrainer(dataclasses.replace(staged, stop_at_step=None, resume=True), target, tokenizer)
+    rest.train()
+    steps = lambda trainer: [h for h in trainer.history if "loss" in h]  # noqa: E731
+    assert [h["step"] for h in steps(rest)] == [h["step"] for h in steps(whole)] == list(range(1, 7))
+    for mine, theirs in zip(steps(rest), steps(whole)):
+        assert mine["lr"] == theirs["lr"] and mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5), mine["step"]
