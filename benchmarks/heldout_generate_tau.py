@@ -86,8 +86,8 @@ def main() -> None:
         rows.append(row)
     if args.json:
         report = {"machine": run_stamp("cpu", load_before), "max_new_tokens": args.max_new_tokens,
-                  "prompts": {name: len(prompts) for name, prompts in {**groups, **workloads}.items()}, "policy": "full blocks, greedy",
-                  "rows": rows}
+                  "prompts": {name: len(prompts) for name, prompts in {**groups, **workloads}.items()},
+                  "policy": "full blocks, greedy", "rows": rows}
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(json.dumps(report, indent=2) + "\n")
 
