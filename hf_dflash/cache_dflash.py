@@ -95,11 +95,13 @@ def keep_path_slots(cache, cached: int, rows: torch.Tensor) -> None:
 
 class RecurrentStates:
     """The recurrent states of a hybrid target's cache (Qwen3.5 / Qwen3-Next Gated DeltaNet, Mamba layers of
-    Falcon-H1 or GraniteMoeHybrid...), saved before each verify forward.
+    Falcon-H1 or GraniteMoeHybrid...), and how the loop brings them back to the accepted prefix.
 
-    K/V and convolution states can be cropped back to the accepted prefix; a recurrent state cannot: the verify
-    forward folded every draft into it. After a partial acceptance the loop restores the saved states, crops the
-    rest of the cache to before the verify block, and re-advances the target through the committed tokens only
+    A verify forward folds every draft into them. From transformers 5.25 on, a cache that records its past keeps
+    the state after each of the forward's last tokens, and cropping the cache rewinds them too (`crop_rewinds`):
+    nothing more to do. Before 5.25, K/V and convolution states can be cropped back but a recurrent state cannot:
+    the states are saved before each verify forward, and after a partial acceptance the loop restores them, crops
+    the rest of the cache to before the verify block, and re-advances the target through the committed tokens only
     (one extra target forward over accepted + 1 tokens; none when every draft was accepted).
 
     Example:
@@ -109,6 +111,7 @@ class RecurrentStates:
 
     def __init__(self, cache):
         self.layers = [layer for layer in getattr(cache, "layers", ()) if is_recurrent(layer)]
+        self.crop_rewinds = records_recurrent_history(cache)
         self.saved: list[dict] = []
 
     def __bool__(self) -> bool:
@@ -124,13 +127,23 @@ class RecurrentStates:
                 layer.recurrent_states[i].copy_(state)  # in place: the cache keeps its tensors' addresses
 
 
-def empty_target_cache(target, model_kwargs: dict):
-    """The caller's cache (which must be empty) or a new DynamicCache; sliding-window layers can be cropped back."""
+def records_recurrent_history(cache) -> bool:
+    """Whether `cache` can keep the recurrent state after each token of a forward, so that `crop` rewinds it
+    (transformers 5.25 on)."""
+    return hasattr(cache, "get_recurrent_states_to_keep")
+
+
+def empty_target_cache(target, model_kwargs: dict, block_size: int):
+    """The caller's cache (which must be empty) or a new DynamicCache, recording its past so that sliding-window
+    layers, and from transformers 5.25 on the recurrent states of a verify block of up to `block_size` tokens, can
+    be cropped back."""
     cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # `cache` from transformers 5.24 on
     if cache is None:
         cache = DynamicCache(config=target.config)
     if cache_slots(cache) or RecurrentStates(cache):
         raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
-    if hasattr(cache, "activate_past_recording"):
+    if records_recurrent_history(cache):
+        cache.activate_past_recording(recurrent_states_to_keep=block_size)
+    elif hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
     return cache

@@ -81,7 +81,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     stats = drafter.last_stats = DFlashStats(drafter.config.block_size,
                                              row_acceptance_lengths=[[] for _ in input_ids])
     recorder, do_sample = OutputRecorder(config), bool(config.do_sample)
-    cache = empty_target_cache(target, model_kwargs)
+    cache = empty_target_cache(target, model_kwargs, drafter.config.block_size)
     forward_kwargs = target_forward_kwargs(target, drafter, cache, config)
     policy = draft_policy(options, target, drafter, config)
     generator = DFlashCandidateGenerator(drafter, target, config, logits_processor, options)
@@ -130,7 +130,8 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
 
         # 5. commit, stopping exactly where plain generate would
         keep = int(accepted.max()) + 1
-        if recurrent and keep < verify.width:  # the recurrent states read rejected drafts: rewind and re-advance
+        if recurrent and keep < verify.width and not recurrent.crop_rewinds:
+            # the recurrent states read rejected drafts and the cache cannot crop them: rewind and re-advance
             verify = readvance(target, verify, keep, cache, recurrent, forward_kwargs)
         running, committed = rows.commit(
             accepted, tokens, processed, drafter.target_features(verify.outputs.hidden_states),
@@ -222,7 +223,7 @@ def verify_block(target, rows, candidates, cache, forward_kwargs, recurrent) -> 
         width = gemm_friendly_rows(width, candidates.device, len(rows))
     ids, positions, mask = rows.verify_inputs(candidates, width)
     cached = cache_slots(cache)
-    if recurrent:
+    if recurrent and not recurrent.crop_rewinds:
         recurrent.save()
     outputs = target(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **forward_kwargs)
     return Verification(outputs, candidates, ids, positions, mask, cached)

@@ -23,6 +23,10 @@
 #   POSITIONS=fixed LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # the paper's fixed decay
 #   WORKLOADS=200 LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # + the bench's kinds
 #   PROCESSES=2 LIMIT=768 BUDGET=3400 MAX_STEPS=1000 scripts/train_smollm2_drafter.sh   # both cores, same CPU budget
+# From the shipped drafter on more data (STAGE=more): the continuation's recipe, its held-out set (the 1,536 prompts'
+# split, which the shipped drafter never trained on), all 3,008 built prompts and the bench's kinds:
+#   LIMIT=3008 STEPS=data scripts/train_smollm2_drafter.sh      # ~45 more minutes of one core beyond the 1,536
+#   STAGE=more PROCESSES=2 LIMIT=3008 WORKLOADS=200 scripts/train_smollm2_drafter.sh
 # DRY_RUN=1 prints the commands of steps 1, 3 and 4 instead of running them. PYTHON=.venv/bin/python picks the
 # interpreter; NICE, OMP_NUM_THREADS and HF_DFLASH_CACHE as in scripts/common.sh.
 #
@@ -43,6 +47,8 @@
 #   STAGE=continue  (2026-12-02, shipped): the same recipe from the first run's weights (--init-drafter), at half the
 #                   learning rate (3e-4 cosine over MAX_STEPS, default 4,000, all of them: 8,883 CPU-s then), the
 #                   same data and held-out split, the target named by its Hub id.
+#   STAGE=more      the continuation's recipe from the shipped drafter's weights (--init-drafter $ASSETS), lr 2e-4
+#                   cosine over MAX_STEPS (default 2,000), held out: the 1,536 prompts' split (--eval-data).
 #   STAGE=v3        (the default): the measured best of the 20-CPU-minute recipe comparison: --position-weighting
 #                   acceptance (measured weights), --init-from-target, gamma 7, lr 6e-4, no distillation;
 #                   VARIANT=dflare for the DFlare twin. Not what is shipped: its runs stayed below the shipped drafter.
@@ -60,13 +66,14 @@ source "$(dirname "$0")/common.sh"
 
 NUM_PROMPTS=3200      # prompts asked for (seed 0); the stdlib has 768 documented functions, so 3,008 are built
 LIMIT="${LIMIT:-1536}"  # regenerate the first LIMIT of them (two length-sorted windows of 768)
-STAGE="${STAGE:-v3}"    # first, continue (the shipped drafter's two runs) or v3 (the measured-best recipe)
+STAGE="${STAGE:-v3}"    # first, continue (the shipped drafter's two runs), more (from it) or v3 (the measured-best recipe)
 # The shipped stages stop at a step count, not a CPU budget: the same budget reaches fewer steps on a busier machine
 case "$STAGE" in
   continue) BUDGET="${BUDGET:-}"; MAX_STEPS="${MAX_STEPS:-4000}"; STOP="${STOP:-}" ;;
   first) BUDGET="${BUDGET:-}"; MAX_STEPS="${MAX_STEPS:-9000}"; STOP="${STOP:-5067}" ;;
+  more) BUDGET="${BUDGET:-}"; MAX_STEPS="${MAX_STEPS:-2000}"; STOP="${STOP:-}" ;;
   v3) BUDGET="${BUDGET:-5800}"; MAX_STEPS="${MAX_STEPS:-9000}"; STOP="${STOP:-}" ;;
-  *) echo "STAGE=$STAGE: choose first, continue or v3" >&2; exit 2 ;;
+  *) echo "STAGE=$STAGE: choose first, continue, more or v3" >&2; exit 2 ;;
 esac
 SEED=0
 PROMPTS="$TRAIN/smollm2_prompts.jsonl"
@@ -89,6 +96,7 @@ FIRST="$TRAIN/smollm2-dflash-$LIMIT"  # the first run's output, the continuation
 case "$STAGE" in
   first) OUTPUT="$FIRST" ;;
   continue) OUTPUT="$TRAIN/smollm2-dflash-cont-$LIMIT" ;;
+  more) OUTPUT="$TRAIN/smollm2-dflash-more-$LIMIT" ;;
   v3) OUTPUT="$TRAIN/smollm2-$VARIANT-v3-$LIMIT" ;;
 esac
 [[ "$LAYERS" != 1 ]] && OUTPUT="$OUTPUT-${LAYERS}layers"  # the 1-layer runs keep their folder names
@@ -172,6 +180,9 @@ case "$STAGE" in
       exit 2
     fi
     RECIPE=("${SHIPPED_RECIPE[@]}" --lr 3e-4 --init-drafter "$FIRST" --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct) ;;
+  more) RECIPE=("${SHIPPED_RECIPE[@]}" --lr 2e-4 --init-drafter "$ASSETS"
+                --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct)
+        EVAL_DATA=(--eval-data "$TRAIN/smollm2_regen_1536.jsonl") ;;
   v3) RECIPE=(--variant "$VARIANT" --position-weighting "$POSITIONS" --position-weight-floor "$FLOOR" --lr 6e-4
               --init-from-target) ;;
 esac
