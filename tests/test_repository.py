@@ -74,10 +74,11 @@ def test_the_shipped_drafter_has_one_tau():
     assert info["tau_measured_on"] and results["unseen_prompts"]["command"].startswith("python benchmarks/")
 
 
-def train_command(stage: str, cache: Path) -> list[str]:
-    """The `hf-dflash train` words the rebuild script runs for `stage` (its DRY_RUN, nothing trained)."""
+def train_command(stage: str, cache: Path, **settings: str) -> list[str]:
+    """The `hf-dflash train` words the rebuild script runs for `stage` and other `settings` (its DRY_RUN, nothing
+    trained)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(cache), "HF_DFLASH_CACHE": str(cache), "DRY_RUN": "1",
-           "STAGE": stage, "PYTHON": "python3"}
+           "STAGE": stage, "PYTHON": "python3", **settings}
     printed = subprocess.run(["bash", "scripts/train_smollm2_drafter.sh"], cwd=ROOT, env=env, capture_output=True,
                              text=True, check=True)
     printed = printed.stdout + printed.stderr
@@ -113,6 +114,15 @@ def test_the_rebuild_script_trains_the_shipped_drafter_with_the_arguments_it_rec
     kept = {flag: value for flag, value in recorded.items()
             if flag not in overrides and flag not in ("--init-from-target", "--stop-at-step")}
     assert {flag: continued.get(flag, "absent") for flag in kept} == kept
+
+
+def test_training_on_from_the_shipped_drafter_holds_out_what_it_never_trained_on(tmp_path):
+    """STAGE=more starts from the shipped weights on more data: its held-out set must stay the shipped run's own
+    (a split of the 1,536 prompts' data), else samples the shipped drafter trained on would count as held out."""
+    more = flag_values(train_command("more", tmp_path, LIMIT="3008", WORKLOADS="200"))
+    shipped_data = flag_values(train_command("continue", tmp_path))["--data"]
+    assert more["--init-drafter"] == "hf_dflash/assets/smollm2-dflash"
+    assert more["--eval-data"] == shipped_data and more["--data"] != shipped_data
 
 
 def test_every_measuring_script_stamps_the_json_it_writes():
