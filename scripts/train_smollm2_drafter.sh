@@ -60,7 +60,8 @@
 #   ~1 CPU-s/step); continuation 8,883 CPU-s of training steps (148 min; ~2.2 CPU-s/step, ~1.6 once the distillation
 #   cache is full), 3 h wall. Held-out expected tau 1.51 after the first run, 1.70 after the continuation; chain tau
 #   with generate() on 11 unseen prompts 1.441 -> 1.451 (benchmarks/heldout_generate_tau.py). Bench figures:
-#   BENCHMARKS.md.
+#   BENCHMARKS.md. Rebuilt with the three commands above on 2026-12-03 (about 4.4 hours of one core): chain tau 1.454
+#   on the same 11 prompts (benchmarks/results/2026-12-03-rebuild-shipped-drafter).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
