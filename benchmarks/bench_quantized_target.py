@@ -1,5 +1,5 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""The shipped drafter next to a quantized or bf16 target (issue 32 item 3): ``hf-dflash bench``'s comparison on a
+"""The shipped drafter next to a quantized or bf16 target: ``hf-dflash bench``'s comparison on a
 target whose linear layers are quantized to int8 weights by torchao (weight-only: activations stay in the target's
 dtype), or in another dtype, with the drafter in the target's dtype (as ``load_drafter`` casts it) or in its own
 (``--drafter-dtype``). Every output is checked against that same target's own plain ``generate``.

@@ -294,7 +294,7 @@ def check_tree_call(target, budget, batch: int, cache=None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# zero acceptance is never silent (issue 32): after every generate() call, the pair's evidence, and once it shows the
+# zero acceptance is never silent: after every generate() call, the pair's evidence, and once it shows the
 # drafts are almost never accepted, one warning with the causes that can be checked cheaply
 def check_acceptance(target, drafter, stats: DFlashStats) -> str | None:
     """Add the call's first-draft acceptances (`stats`) to those of the (`drafter`, `target`) pair; once they show

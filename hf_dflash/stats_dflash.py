@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-# Zero acceptance is never silent (issue 32): a drafter trained for its target accepts its first draft far more often
-# than TRAINED_FLOOR (the shipped SmolLM2 drafter, trained for 20 minutes on a CPU: ~0.37; published ones more), an
+# Zero acceptance is never silent: a drafter trained for its target accepts its first draft far more often
+# than TRAINED_FLOOR (the shipped SmolLM2 drafter, ~5 CPU-hours of training: ~0.37; published ones more), an
 # untrained one or one paired with the wrong target ~0. A pair is reported once its measured rate is at most
 # ALMOST_NEVER and a drafter accepting at TRAINED_FLOOR would accept that few with probability below SURE: zero of
 # 57 first drafts, 2 of 87, 5 of 123.

@@ -19,7 +19,7 @@ features, cached on disk), :mod:`~hf_dflash.training.build` (target, drafter, op
 :mod:`~hf_dflash.training.checkpoints` (checkpoint files), :mod:`~hf_dflash.training.curves` (training_log.jsonl
 and the learning-curve PNG), :mod:`~hf_dflash.training.export` (tau, the final drafter folder, Hub upload).
 
-Recipe options beyond the paper (issue 13; each off by default): distillation from the target's distribution
+Recipe options beyond the paper (each off by default): distillation from the target's distribution
 (``distill_weight``, ``distill_top_k``), an acceptance-aware loss (``acceptance_loss_weight``), position weights
 that follow the measured acceptance (``position_weighting="acceptance"``), a training-time vocabulary
 (``train_vocab_size``, ``train_vocab_sampled``) and initialisation from the target's last layers (``init_from_target``).

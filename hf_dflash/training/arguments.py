@@ -129,7 +129,7 @@ class DFlashTrainingArguments:
     stop_at_step: int | None = field(default=None, metadata={
         "help": "Stop after this many optimizer steps, the learning-rate schedule still that of --epochs / "
                 "--max-steps: one stage of a longer schedule, or the rebuild of a run a CPU budget stopped there."})
-    # recipe options (issue 13); the defaults keep the paper's recipe except position_weighting (measured best)
+    # recipe options beyond the paper; the defaults keep the paper's recipe except position_weighting (measured best)
     distill_weight: float = field(default=0.0, metadata={
         "help": "Share a of distillation from the frozen target's next-token distribution at each label position: "
                 "per-token loss (1-a) CE(label) + a KL(target || drafter); 0 = hard labels only."})

@@ -1,7 +1,7 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """The training loop: :class:`DFlashTrainer` (accelerate for devices and DDP, exact resume from atomic checkpoints,
-held-out evaluation every epoch and every ``eval_every`` steps into ``training_log.jsonl``, the recipe options of
-issue 13, generate()-measured tau, learning curves and export at the end) and :func:`train`.
+held-out evaluation every epoch and every ``eval_every`` steps into ``training_log.jsonl``, the recipe options
+beyond the paper, generate()-measured tau, learning curves and export at the end) and :func:`train`.
 
 What the loop is built from lives beside it: :mod:`~hf_dflash.training.build` (target, drafter, optimizer,
 schedule), :mod:`~hf_dflash.training.samples` (train / held-out split), :mod:`~hf_dflash.training.features` (target
