@@ -55,15 +55,18 @@
 #                   acceptance (measured weights), --init-from-target, gamma 7, lr 6e-4, no distillation;
 #                   VARIANT=dflare for the DFlare twin. Not what is shipped: its runs stayed below the shipped drafter.
 #
-# CPU time of the shipped drafter (2 shared x86_64 cores, OMP_NUM_THREADS=1, other jobs on the other core; about 5
-# hours of one core in all):
+# CPU time of the shipped drafter (about 6.6 hours of one core in all). The first two stages: 2 shared x86_64 cores,
+# OMP_NUM_THREADS=1, other jobs on the other core:
 #   prompts ~20 s (3,008 built); regeneration of the first 1,536 prompts 46 min (batch 48, <= 160 new tokens);
 #   first run 5,801 CPU-s (97 min; epoch 1 ~1.5 CPU-s/step with the target forwards that fill the feature cache, then
 #   ~1 CPU-s/step); continuation 8,883 CPU-s of training steps (148 min; ~2.2 CPU-s/step, ~1.6 once the distillation
 #   cache is full), 3 h wall. Held-out expected tau 1.51 after the first run, 1.70 after the continuation; chain tau
-#   with generate() on 11 unseen prompts 1.441 -> 1.451 (benchmarks/heldout_generate_tau.py). Bench figures:
-#   BENCHMARKS.md. Rebuilt with the three commands above on 2026-12-03 (about 4.4 hours of one core): chain tau 1.454
-#   on the same 11 prompts (benchmarks/results/2026-12-03-rebuild-shipped-drafter).
+#   with generate() on 11 unseen prompts 1.441 -> 1.451 (benchmarks/heldout_generate_tau.py). Rebuilt with those
+#   commands on 2026-12-03 (about 4.4 hours of one core): chain tau 1.454 on the same 11 prompts
+#   (benchmarks/results/2026-12-03-rebuild-shipped-drafter).
+# STAGE=more (2026-12-04, an otherwise idle 2-core machine): regeneration of all 3,008 prompts and the workloads 42 min
+#   at two threads; 1,600 steps on two processes 3,149 CPU-s (31 min wall, ~1.1 s a step). Chain tau 1.451 -> 1.481
+#   (benchmarks/results/2026-12-04-train-more-data). Bench figures: BENCHMARKS.md.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
