@@ -55,7 +55,7 @@
 #                   acceptance (measured weights), --init-from-target, gamma 7, lr 6e-4, no distillation;
 #                   VARIANT=dflare for the DFlare twin. Not what is shipped: its runs stayed below the shipped drafter.
 #
-# CPU time of the shipped drafter (about 6.6 hours of one core in all). The first two stages: 2 shared x86_64 cores,
+# CPU time of the shipped drafter (about 7 hours of one core in all). The first two stages: 2 shared x86_64 cores,
 # OMP_NUM_THREADS=1, other jobs on the other core:
 #   prompts ~20 s (3,008 built); regeneration of the first 1,536 prompts 46 min (batch 48, <= 160 new tokens);
 #   first run 5,801 CPU-s (97 min; epoch 1 ~1.5 CPU-s/step with the target forwards that fill the feature cache, then
@@ -101,11 +101,11 @@ WORKLOADS="${WORKLOADS:-0}"
 PROCESSES="${PROCESSES:-1}"
 STEPS="${STEPS:-all}"         # all, or data: stop after step 3
 FIRST="$TRAIN/smollm2-dflash-$LIMIT"  # the first run's output, the continuation's starting point
-CONTINUED="$TRAIN/smollm2-dflash-cont-1536"  # the continuation's output, STAGE=more's starting point
-HELDOUT="$TRAIN/smollm2_regen_1536.jsonl"  # the 1,536 prompts' data, whose split every stage holds out
+CONTINUED="$TRAIN/smollm2-dflash-cont-1536"  # the shipped continuation's output, STAGE=more's starting point
+HELDOUT="$TRAIN/smollm2_regen_1536.jsonl"  # the 1,536 prompts' data, whose split every shipped stage holds out
 case "$STAGE" in
   first) OUTPUT="$FIRST" ;;
-  continue) OUTPUT="$CONTINUED" ;;
+  continue) OUTPUT="$TRAIN/smollm2-dflash-cont-$LIMIT" ;;
   more) OUTPUT="$TRAIN/smollm2-dflash-more-$LIMIT" ;;
   v3) OUTPUT="$TRAIN/smollm2-$VARIANT-v3-$LIMIT" ;;
 esac
@@ -149,7 +149,7 @@ PY
   mv "$2.tmp" "$2"
 }
 keep_first "$LIMIT" "$DATA"
-(( LIMIT >= 1536 )) && keep_first 1536 "$HELDOUT"
+[[ "$STAGE" == more ]] && keep_first 1536 "$HELDOUT"  # STAGE=more holds out the earlier stages' split
 
 # 3b. WORKLOADS=N: the bench's kinds, regenerated apart (prompts over 480 tokens skipped: at --max-length 512 they
 # would leave fewer than 32 response tokens to learn from), then appended to the LIMIT prompts' data
@@ -185,19 +185,18 @@ COMMON=(--target smollm2 --data "$DATA" --output "$OUTPUT" --num-layers "$LAYERS
 [[ -n "$BUDGET" ]] && COMMON+=(--max-cpu-seconds "$BUDGET")
 [[ -n "$STOP" ]] && COMMON+=(--stop-at-step "$STOP")
 SHIPPED_RECIPE=(--gamma 4 --position-weighting fixed --distill-weight 0.5 --draft-vocab-size 16384)
+needs_stage() {  # needs_stage DIR STAGE WHAT: stop unless the earlier STAGE has trained its drafter into DIR
+  [[ -f "$1/eval.json" || "${DRY_RUN:-0}" == 1 ]] && return 0
+  echo "STAGE=$STAGE starts from $3 in $1: run STAGE=$2 first" >&2
+  exit 2
+}
 case "$STAGE" in
   first) RECIPE=("${SHIPPED_RECIPE[@]}" --lr 6e-4 --init-from-target) ;;
   continue)
-    if [[ ! -f "$FIRST/eval.json" && "${DRY_RUN:-0}" != 1 ]]; then
-      echo "STAGE=continue starts from the first run's drafter in $FIRST: run STAGE=first first" >&2
-      exit 2
-    fi
+    needs_stage "$FIRST" first "the first run's drafter"
     RECIPE=("${SHIPPED_RECIPE[@]}" --lr 3e-4 --init-drafter "$FIRST" --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct) ;;
   more)
-    if [[ ! -f "$CONTINUED/eval.json" && "${DRY_RUN:-0}" != 1 ]]; then
-      echo "STAGE=more starts from the continuation's drafter in $CONTINUED: run STAGE=continue first" >&2
-      exit 2
-    fi
+    needs_stage "$CONTINUED" continue "the continuation's drafter"
     RECIPE=("${SHIPPED_RECIPE[@]}" --lr 2e-4 --init-drafter "$CONTINUED"
             --target-hub-id HuggingFaceTB/SmolLM2-135M-Instruct)
     EVAL_DATA=(--eval-data "$HELDOUT") ;;
