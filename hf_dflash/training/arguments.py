@@ -93,6 +93,10 @@ class DFlashTrainingArguments:
     init_drafter: str | None = field(default=None, metadata={
         "help": "Start from this drafter's weights (folder or Hub id; e.g. continue a run on more data, or adapt a "
                 "published drafter). Its architecture must match the other drafter arguments."})
+    grow_layers: bool = field(default=False, metadata={
+        "help": "With --init-drafter of fewer layers than --num-layers: keep its layers and add the rest as copies of "
+                "its last layer whose output projections start at zero, so the grown drafter drafts exactly as the "
+                "one it grew from until training moves them."})
     seed: int = field(default=0, metadata={"help": "Seed of init, shuffling, anchors and the held-out split."})
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
     eval_split: float = field(default=0.05, metadata={"help": "Held-out share of the data (0 = none)."})
@@ -222,6 +226,8 @@ def validate_arguments(args: DFlashTrainingArguments) -> None:
         logger.warning("--distill-top-k has no effect without --distill-weight > 0.")
     if args.init_from_target and args.init_drafter:
         raise ValueError("--init-from-target and --init-drafter both set the drafter's initial weights: pass one.")
+    if args.grow_layers and not args.init_drafter:
+        raise ValueError("--grow-layers grows the drafter given by --init-drafter: pass --init-drafter too.")
     for name in ("data", "eval_data"):
         path = getattr(args, name)
         if path is not None and not Path(path).exists():

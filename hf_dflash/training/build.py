@@ -26,14 +26,22 @@ INIT_DRAFTER_FIELDS = ("num_hidden_layers", "block_size", "target_layer_ids", "m
 DRAFT_VOCABULARY_KEYS = ("d2t", "lm_head.weight")
 
 
-def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlashDraftModel:
+def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str, grow_layers: bool = False) -> DFlashDraftModel:
     """`fresh` (built from the training arguments) with the weights of the drafter at `init_drafter`.
 
+    With `grow_layers`, a drafter of fewer layers fills the first ones and every added layer starts as a copy of its
+    last layer with the output projections (``o_proj``, ``down_proj``) at zero: each added layer then adds nothing to
+    the residual stream, so the grown drafter drafts exactly as the one it grew from until training moves them.
     Raises a ValueError naming each architecture field that differs (e.g. --num-layers 5 for a 1-layer drafter), so
     a run never silently trains something other than what its arguments say.
     """
     loaded = DFlashDraftModel.from_pretrained(init_drafter, dtype=torch.float32)
-    differ = {name: (getattr(loaded.config, name), getattr(fresh.config, name)) for name in INIT_DRAFTER_FIELDS
+    grown = loaded.config.num_hidden_layers, fresh.config.num_hidden_layers
+    if grow_layers and grown[0] >= grown[1]:
+        raise ValueError(f"--grow-layers: the drafter at {init_drafter} has {grown[0]} layers and --num-layers is "
+                         f"{grown[1]}: pass --num-layers above {grown[0]}, or drop --grow-layers.")
+    fields = [name for name in INIT_DRAFTER_FIELDS if not (grow_layers and name == "num_hidden_layers")]
+    differ = {name: (getattr(loaded.config, name), getattr(fresh.config, name)) for name in fields
               if getattr(loaded.config, name) != getattr(fresh.config, name)}
     if differ:
         listed = ", ".join(f"{name}: {a!r} there vs {b!r} here" for name, (a, b) in differ.items())
@@ -42,11 +50,32 @@ def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str) -> DFlas
                          "DFlare switches), or drop --init-drafter to train from scratch.")
     wanted, saved = fresh.state_dict(), loaded.state_dict()
     weights = {name: tensor for name, tensor in saved.items() if name in wanted or name not in DRAFT_VOCABULARY_KEYS}
+    if grow_layers:
+        weights.update(added_layer_weights(weights, wanted, *grown))
     fresh.load_state_dict(weights, strict=True)
     logger.info(f"Drafter weights initialised from {init_drafter}"
+                + (f" ({grown[0]} layer(s) grown to {grown[1]})" if grow_layers else "")
                 + (" (its draft vocabulary left out: --draft-vocab-size sets the exported one)."
                    if len(weights) < len(saved) else "."))
     return fresh
+
+
+def added_layer_weights(saved: dict, wanted: dict, num_saved: int, num_wanted: int) -> dict:
+    """The weights of layers num_saved..num_wanted-1 of a grown drafter: copies of saved layer num_saved-1 whose
+    output projections are zero, and DFlare's layer-fusion rows for them as `wanted` (the fresh init) has them."""
+    last = f"layers.{num_saved - 1}."
+    added = {}
+    for layer in range(num_saved, num_wanted):
+        for name, tensor in saved.items():
+            if name.startswith(last):
+                copy = tensor.clone()
+                if name.endswith(("o_proj.weight", "o_proj.bias", "down_proj.weight", "down_proj.bias")):
+                    copy.zero_()
+                added[f"layers.{layer}." + name[len(last):]] = copy
+    if "layer_fusion_weights" in saved:
+        added["layer_fusion_weights"] = torch.cat([saved["layer_fusion_weights"],
+                                                   wanted["layer_fusion_weights"][num_saved:]])
+    return added
 
 
 def initial_weights_from_target(drafter: DFlashDraftModel, target) -> list[str]:
@@ -113,7 +142,7 @@ def drafter_to_train(args: DFlashTrainingArguments, target, attn_implementation:
         target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
     )
     if args.init_drafter:
-        drafter = initial_drafter_weights(drafter, args.init_drafter)
+        drafter = initial_drafter_weights(drafter, args.init_drafter, args.grow_layers)
     if args.init_from_target:
         initial_weights_from_target(drafter, target)
     drafter.config._attn_implementation = attn_implementation

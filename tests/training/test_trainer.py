@@ -300,3 +300,42 @@ def test_init_drafter_starts_from_its_weights_and_refuses_other_architectures(wo
     with pytest.raises(ValueError, match=r"num_hidden_layers: 1 there vs 2 here.*--num-layers"):
         DFlashTrainer(small_args(data, workdir / "init-bad", num_layers=2, init_drafter=str(workdir / "init-first")),
                       target, tokenizer)
+
+
+def test_grown_drafter_drafts_as_the_one_it_grew_from_then_trains_its_added_layer(workdir, data_file,
+                                                                                 target_and_tokenizer):
+    target, tokenizer = target_and_tokenizer
+    data = workdir / "grow.jsonl"
+    data.write_text("".join(data_file.read_text().splitlines(keepends=True)[:6]))
+    DFlashTrainer(small_args(data, workdir / "grow-first", eval_split=0.0, epochs=1), target, tokenizer).train()
+    trained = DFlashDraftModel.from_pretrained(workdir / "grow-first")
+    grower = DFlashTrainer(small_args(data, workdir / "grow-second", eval_split=0.0, epochs=1, num_layers=2,
+                                      target_layer_ids=trained.config.target_layer_ids, grow_layers=True,
+                                      init_drafter=str(workdir / "grow-first")), target, tokenizer)
+    grown = grower.accelerator.unwrap_model(grower.model)
+    assert grown.config.num_hidden_layers == 2
+    start = {name: tensor.clone() for name, tensor in grown.state_dict().items()}
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(start[name], tensor), name  # its own layer (0), embeddings, fusion, norm: as trained
+    zeroed = [name for name in start if name.startswith("layers.1.") and ("o_proj" in name or "down_proj" in name)]
+    assert zeroed and not any(start[name].any() for name in zeroed)
+    # the added layer adds zero to the residual stream: the same hidden states, so the same drafts token for token
+    generator = torch.Generator().manual_seed(0)
+    hidden = trained.config.hidden_size
+    noise = torch.randn(1, 4, hidden, generator=generator)
+    context = torch.randn(1, 5, hidden * len(trained.config.target_layer_ids), generator=generator)
+    with torch.no_grad():
+        expected = trained.eval()(noise, context).last_hidden_state
+        torch.testing.assert_close(grown.eval()(noise, context).last_hidden_state, expected)
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("alpha beta", "gamma delta")]
+    before = measure_acceptance_length(target, trained, prompts, 24)
+    after = measure_acceptance_length(target, grown.eval(), prompts, 24)
+    assert after["tau_per_prompt"] == before["tau_per_prompt"]
+    grower.train()
+    moved = DFlashDraftModel.from_pretrained(workdir / "grow-second").state_dict()
+    assert moved["layers.1.self_attn.o_proj.weight"].any()  # training reaches the added layer
+    with pytest.raises(ValueError, match="--grow-layers.*1 layers and --num-layers is 1"):
+        DFlashTrainer(small_args(data, workdir / "grow-bad", grow_layers=True, init_drafter=str(workdir / "grow-first")),
+                      target, tokenizer)
+    with pytest.raises(ValueError, match="--grow-layers.*--init-drafter"):
+        DFlashTrainer(small_args(data, workdir / "grow-none", num_layers=2, grow_layers=True), target, tokenizer)
