@@ -4,6 +4,8 @@ Left: held-out expected acceptance length (the trainer's eval) against training 
 accuracy by draft position at each run's last eval. A run is `LABEL=LOG.jsonl` (the trainer's `training_log.jsonl`),
 with `@MINUTES` appended when it started from a drafter that had already trained that long (its curve starts there).
 `--points LABEL=MIN:TAU,MIN:TAU` adds measured points that have no log (e.g. a table's quarter-budget values).
+`--steps` puts optimizer steps on the x axis instead (`@STEPS` then offsets a run): runs trained on different CPUs
+compare by step, since a CPU-second buys a different number of steps on each.
 
     python benchmarks/plot_train_runs.py --output benchmarks/results/2026-12-02-train-long-runs/train_smollm2_long_runs.png \\
         "run 1: DFlash, best recipe from scratch, 768 prompts=benchmarks/results/2026-12-01-train-run1-768/train_smollm2_v3_768_log.jsonl" \\
@@ -32,7 +34,7 @@ def eval_records(path: str) -> list[dict]:
 
 
 def parse_run(spec: str) -> tuple[str, str, float]:
-    """(label, log path, starting CPU-minutes) of `LABEL=PATH[@MINUTES]`."""
+    """(label, log path, start: CPU-minutes, or steps with --steps) of `LABEL=PATH[@START]`."""
     label, _, rest = spec.rpartition("=")
     path, _, offset = rest.partition("@")
     return label, path, float(offset or 0.0)
@@ -47,8 +49,9 @@ def parse_points(spec: str) -> tuple[str, list[float], list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="LABEL=LOG.jsonl[@START_CPU_MINUTES]")
+    parser.add_argument("runs", nargs="+", help="LABEL=LOG.jsonl[@START_CPU_MINUTES_OR_STEPS]")
     parser.add_argument("--points", action="append", default=[], help="LABEL=MIN:TAU,MIN:TAU (no log)")
+    parser.add_argument("--steps", action="store_true", help="optimizer steps on the x axis, not CPU-minutes")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
 
@@ -61,14 +64,14 @@ def main() -> None:
     for spec in args.runs:
         label, path, offset = parse_run(spec)
         records = eval_records(path)
-        minutes = [offset + r["train_cpu_seconds"] / 60 for r in records]
-        curve.plot(minutes, [r["heldout"]["acceptance_length"] for r in records], marker=".", label=label)
+        xs = [offset + (r["step"] if args.steps else r["train_cpu_seconds"] / 60) for r in records]
+        curve.plot(xs, [r["heldout"]["acceptance_length"] for r in records], marker=".", label=label)
         last = records[-1]["heldout"]["accuracy_by_position"]
         positions.plot(range(1, len(last) + 1), last, marker=".", label=label)
     for spec in args.points:
         label, minutes, taus = parse_points(spec)
         curve.plot(minutes, taus, linestyle=":", marker="x", label=label)
-    curve.set(title="learning curve", xlabel="training CPU minutes", ylabel="held-out expected acceptance length")
+    curve.set(title="learning curve", xlabel="optimizer steps" if args.steps else "training CPU minutes", ylabel="held-out expected acceptance length")
     positions.set(title="accuracy by position (last eval)", xlabel="draft position k", ylabel="held-out accuracy")
     for axis in (curve, positions):
         axis.grid(alpha=0.3)
