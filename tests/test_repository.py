@@ -129,6 +129,23 @@ def test_training_on_more_data_holds_out_what_the_earlier_stages_never_trained_o
     assert more["--max-steps"] == str(recorded["steps"]) and "--max-cpu-seconds" not in more
 
 
+def test_the_second_pass_starts_from_the_more_data_stage_and_holds_out_the_same_split(tmp_path):
+    """STAGE=again (shipped) trains the more-data stage's drafter once more on the same data and held-out split, one
+    process, for the steps training_info.json records; LAYERS=2 grows that drafter instead of starting afresh."""
+    more, again = (flag_values(train_command(stage, tmp_path)) for stage in ("more", "again"))
+    assert again["--init-drafter"] == more["--output"] and again["--output"] != more["--output"]
+    assert (again["--data"], again["--eval-data"]) == (more["--data"], more["--eval-data"])
+    recorded = json.loads((SHIPPED / "training_info.json").read_text())["stages"]["again"]
+    assert again["--max-steps"] == str(recorded["steps"]) and "--max-cpu-seconds" not in again
+    differ = ("--init-drafter", "--output", "--max-steps")
+    assert set(again) == set(more)
+    assert {flag: again[flag] for flag in more if flag not in differ} == {
+        flag: value for flag, value in more.items() if flag not in differ}
+    assert "--grow-layers" not in again
+    grown = flag_values(train_command("again", tmp_path, LAYERS="2"))
+    assert "--grow-layers" in grown and grown["--num-layers"] == "2" and grown["--init-drafter"] == more["--output"]
+
+
 def test_every_measuring_script_stamps_the_json_it_writes():
     """A script under benchmarks/ with a --json option records when, where and under what load it ran: it calls
     run_stamp (hf_dflash.evaluation.machine) or hf-dflash bench's run_benchmark, which does."""
