@@ -94,9 +94,9 @@ class DFlashTrainingArguments:
         "help": "Start from this drafter's weights (folder or Hub id; e.g. continue a run on more data, or adapt a "
                 "published drafter). Its architecture must match the other drafter arguments."})
     grow_layers: bool = field(default=False, metadata={
-        "help": "With --init-drafter of fewer layers than --num-layers: keep its layers and add the rest as copies of "
-                "its last layer whose output projections start at zero, so the grown drafter drafts exactly as the "
-                "one it grew from until training moves them."})
+        "help": "With --init-drafter of fewer layers than --num-layers: keep its layers (and target layer ids) and "
+                "add the rest as copies of its last layer whose output projections start at zero, so the grown "
+                "drafter drafts exactly as the one it grew from until training moves them."})
     seed: int = field(default=0, metadata={"help": "Seed of init, shuffling, anchors and the held-out split."})
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
     eval_split: float = field(default=0.05, metadata={"help": "Held-out share of the data (0 = none)."})

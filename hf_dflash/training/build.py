@@ -10,6 +10,7 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 from transformers.utils import logging
 
+from ..configuration_dflash import DFlashConfig
 from ..modeling_dflash import DFlashDraftModel
 from ..modeling_dflash2 import DFlash2DraftModel
 from ..models import load_target
@@ -137,9 +138,12 @@ def drafter_to_train(args: DFlashTrainingArguments, target, attn_implementation:
     Raises a ValueError for target layer ids the target does not have, or an --init-drafter of another architecture.
     """
     drafter_class = DFlash2DraftModel if args.variant == "dflash2" else DFlashDraftModel
+    layer_ids = args.target_layer_ids
+    if args.grow_layers and layer_ids is None:  # a grown drafter keeps the features it was trained on
+        layer_ids = DFlashConfig.from_pretrained(args.init_drafter).target_layer_ids
     drafter = drafter_class.from_target(
         target, num_hidden_layers=args.num_layers, block_size=args.block_size,
-        target_layer_ids=args.target_layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
+        target_layer_ids=layer_ids, mask_token_id=args.mask_token_id, **args.drafter_switches,
     )
     if args.init_drafter:
         drafter = initial_drafter_weights(drafter, args.init_drafter, args.grow_layers)

@@ -310,10 +310,10 @@ def test_grown_drafter_drafts_as_the_one_it_grew_from_then_trains_its_added_laye
     DFlashTrainer(small_args(data, workdir / "grow-first", eval_split=0.0, epochs=1), target, tokenizer).train()
     trained = DFlashDraftModel.from_pretrained(workdir / "grow-first")
     grower = DFlashTrainer(small_args(data, workdir / "grow-second", eval_split=0.0, epochs=1, num_layers=2,
-                                      target_layer_ids=trained.config.target_layer_ids, grow_layers=True,
-                                      init_drafter=str(workdir / "grow-first")), target, tokenizer)
+                                      grow_layers=True, init_drafter=str(workdir / "grow-first")), target, tokenizer)
     grown = grower.accelerator.unwrap_model(grower.model)
-    assert grown.config.num_hidden_layers == 2
+    # its target layer ids too (a 2-layer drafter's default ids differ from a 1-layer one's)
+    assert grown.config.num_hidden_layers == 2 and grown.config.target_layer_ids == trained.config.target_layer_ids
     start = {name: tensor.clone() for name, tensor in grown.state_dict().items()}
     for name, tensor in trained.state_dict().items():
         assert torch.equal(start[name], tensor), name  # its own layer (0), embeddings, fusion, norm: as trained
