@@ -73,7 +73,8 @@ def main() -> None:
     for spec in args.points:
         label, minutes, taus = parse_points(spec)
         curve.plot(minutes, taus, linestyle=":", marker="x", label=label)
-    curve.set(title="learning curve", xlabel="optimizer steps" if args.steps else "training CPU minutes", ylabel="held-out expected acceptance length")
+    curve.set(title="learning curve", xlabel="optimizer steps" if args.steps else "training CPU minutes",
+              ylabel="held-out expected acceptance length")
     positions.set(title="accuracy by position (last eval)", xlabel="draft position k", ylabel="held-out accuracy")
     for axis in (curve, positions):
         axis.grid(alpha=0.3)

@@ -37,10 +37,10 @@ def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str, grow_lay
     a run never silently trains something other than what its arguments say.
     """
     loaded = DFlashDraftModel.from_pretrained(init_drafter, dtype=torch.float32)
-    grown = loaded.config.num_hidden_layers, fresh.config.num_hidden_layers
-    if grow_layers and grown[0] >= grown[1]:
-        raise ValueError(f"--grow-layers: the drafter at {init_drafter} has {grown[0]} layers and --num-layers is "
-                         f"{grown[1]}: pass --num-layers above {grown[0]}, or drop --grow-layers.")
+    have, want = loaded.config.num_hidden_layers, fresh.config.num_hidden_layers
+    if grow_layers and have >= want:
+        raise ValueError(f"--grow-layers: the drafter at {init_drafter} has {have} layers and --num-layers is "
+                         f"{want}: pass --num-layers above {have}, or drop --grow-layers.")
     fields = [name for name in INIT_DRAFTER_FIELDS if not (grow_layers and name == "num_hidden_layers")]
     differ = {name: (getattr(loaded.config, name), getattr(fresh.config, name)) for name in fields
               if getattr(loaded.config, name) != getattr(fresh.config, name)}
@@ -52,10 +52,10 @@ def initial_drafter_weights(fresh: DFlashDraftModel, init_drafter: str, grow_lay
     wanted, saved = fresh.state_dict(), loaded.state_dict()
     weights = {name: tensor for name, tensor in saved.items() if name in wanted or name not in DRAFT_VOCABULARY_KEYS}
     if grow_layers:
-        weights.update(added_layer_weights(weights, wanted, *grown))
+        weights.update(added_layer_weights(weights, wanted, have, want))
     fresh.load_state_dict(weights, strict=True)
     logger.info(f"Drafter weights initialised from {init_drafter}"
-                + (f" ({grown[0]} layer(s) grown to {grown[1]})" if grow_layers else "")
+                + (f" ({have} layer(s) grown to {want})" if grow_layers else "")
                 + (" (its draft vocabulary left out: --draft-vocab-size sets the exported one)."
                    if len(weights) < len(saved) else "."))
     return fresh

@@ -335,7 +335,7 @@ def test_grown_drafter_drafts_as_the_one_it_grew_from_then_trains_its_added_laye
     moved = DFlashDraftModel.from_pretrained(workdir / "grow-second").state_dict()
     assert moved["layers.1.self_attn.o_proj.weight"].any()  # training reaches the added layer
     with pytest.raises(ValueError, match="--grow-layers.*1 layers and --num-layers is 1"):
-        DFlashTrainer(small_args(data, workdir / "grow-bad", grow_layers=True, init_drafter=str(workdir / "grow-first")),
-                      target, tokenizer)
+        DFlashTrainer(small_args(data, workdir / "grow-bad", grow_layers=True,
+                                 init_drafter=str(workdir / "grow-first")), target, tokenizer)
     with pytest.raises(ValueError, match="--grow-layers.*--init-drafter"):
         DFlashTrainer(small_args(data, workdir / "grow-none", num_layers=2, grow_layers=True), target, tokenizer)
