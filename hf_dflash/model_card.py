@@ -44,6 +44,7 @@ def model_card_fields(drafter, save_directory: str | None = None) -> dict:
         "num_samples": info.get("num_samples", "unknown"),
         "epochs": info.get("epochs", "unknown"),
         "tau": tau_text(tau, info.get("tau_measured_on")),
+        "weights_dtype": str(config.dtype).removeprefix("torch.") if getattr(config, "dtype", None) else "unknown",
         "draft_vocabulary": (f"the {config.draft_vocab_size:,} most frequent response tokens (EAGLE-3 layout, as "
                              "vLLM reads it: `d2t` and the target's LM head rows for them as `lm_head.weight`)"
                              if getattr(config, "draft_vocab_size", None) else "the whole vocabulary"),

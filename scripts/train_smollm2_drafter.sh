@@ -6,10 +6,10 @@
 #   2. build the training prompts   (scripts/build_smollm2_prompts.py: ShareGPT chat, stdlib code, templated math)
 #   3. regenerate the responses     (SmolLM2 greedy, hf-dflash regenerate; resumable: rerun after a kill)
 #   4. train the drafter            (hf-dflash train, the STAGE's recipe below; features cached on disk; resumable)
-#   5. with SHIP=1 only: copy the final drafter's config, weights and curves into hf_dflash/assets/smollm2-dflash (a
-#      side run, e.g. VARIANT=dflare, must not replace the shipped drafter before it is compared); its
-#      training_info.json, eval.json and model card are then written from benchmarks/heldout_generate_tau.py's
-#      measurement (tests/test_repository.py checks they agree)
+#   5. with SHIP=1 only: copy the final drafter's config, weights (cast to bf16) and curves into
+#      hf_dflash/assets/smollm2-dflash (a side run, e.g. VARIANT=dflare, must not replace the shipped drafter before
+#      it is compared); its training_info.json, eval.json and model card are then written from
+#      benchmarks/heldout_generate_tau.py's measurement (tests/test_repository.py checks they agree)
 #
 # The shipped drafter, stage by stage (each command skips what is already done and resumes what was killed):
 #   STEPS=data scripts/train_smollm2_drafter.sh                 # regeneration: 1,536 prompts -> 1,457 responses kept
@@ -235,8 +235,9 @@ if [[ "${SHIP:-0}" != 1 || "${DRY_RUN:-0}" == 1 ]]; then
   exit 0
 fi
 mkdir -p "$ASSETS"
-for name in config.json model.safetensors training_curves.png; do
-  [[ -f "$OUTPUT/$name" ]] && cp "$OUTPUT/$name" "$ASSETS/$name"
-done
+# stored in bf16, as published drafters are: half the download; a float32 target upcasts it at load
+"$PYTHON" -c 'import sys; from hf_dflash.training.export import write_weights_in_dtype as w; w(*sys.argv[1:])' \
+  "$OUTPUT" "$ASSETS"
+[[ -f "$OUTPUT/training_curves.png" ]] && cp "$OUTPUT/training_curves.png" "$ASSETS/training_curves.png"
 du -sh "$ASSETS"
 ls -l "$ASSETS"

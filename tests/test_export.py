@@ -262,3 +262,31 @@ def test_a_draft_vocabulary_of_every_token_is_the_whole_vocabulary(target):
     "draft vocabulary" is saved as none."""
     drafter = drafter_for(target, list(range(96)))
     assert drafter.config.draft_vocab_size is None and drafter.lm_head is None and "d2t" not in drafter.state_dict()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# stored in bf16, as published drafters are; a float32 target upcasts the drafter at load
+def test_weights_written_in_bf16_keep_the_draft_vocabulary_and_stay_lossless(target, tmp_path):
+    from hf_dflash.training.export import write_weights_in_dtype
+
+    drafter = drafter_for(target, DRAFT_IDS)
+    drafter.save_pretrained(tmp_path / "fp32")
+    write_weights_in_dtype(tmp_path / "fp32", tmp_path / "bf16")
+    weights = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert weights["d2t"].dtype == torch.long and torch.equal(weights["d2t"], drafter.d2t)
+    assert {w.dtype for name, w in weights.items() if name != "d2t"} == {torch.bfloat16}
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = DFlashDraftModel.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+    for name, weight in drafter.state_dict().items():
+        expected = weight.to(torch.bfloat16).to(weight.dtype) if weight.is_floating_point() else weight
+        assert torch.equal(loaded.state_dict()[name], expected), name
+    assert torch.equal(greedy(target, loaded), greedy(target))
+
+
+def test_the_shipped_drafter_is_stored_in_bf16():
+    from hf_dflash.checkpoint_dflash import saved_weight_dtype
+
+    folder = Path(hf_dflash.__file__).parent / "assets" / "smollm2-dflash"
+    assert saved_weight_dtype(folder) == "bfloat16"
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    assert load_file(folder / "model.safetensors")["d2t"].dtype == torch.long

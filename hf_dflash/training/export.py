@@ -167,3 +167,34 @@ def write_final_drafter(args: DFlashTrainingArguments, drafter: DFlashDraftModel
     write_folder_atomically(Path(args.output_dir), write)
     if args.push_to_hub:
         push_folder_to_hub(args.output_dir, args.push_to_hub)
+
+
+def write_weights_in_dtype(source: str | os.PathLike, destination: str | os.PathLike,
+                           dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Copy a drafter's ``config.json`` and ``model.safetensors`` from `source` into `destination` with its floating
+    weights cast to `dtype` (integer buffers such as a draft vocabulary's ``d2t`` kept), each file written atomically.
+    Published drafters are stored in bf16: half the download, and a float32 target upcasts them at load without loss.
+
+    Example:
+        >>> write_weights_in_dtype("runs/final", "hf_dflash/assets/smollm2-dflash")  # doctest: +SKIP
+        PosixPath('hf_dflash/assets/smollm2-dflash')
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    source, destination = Path(source), Path(destination)
+    weights = {}
+    with safe_open(source / "model.safetensors", framework="pt") as f:
+        metadata = f.metadata()
+        for name in f.keys():
+            tensor = f.get_tensor(name)
+            weights[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    config = json.loads((source / "config.json").read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+
+    def write(folder: Path) -> None:
+        save_file(weights, folder / "model.safetensors", metadata=metadata)
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    write_folder_atomically(destination, write)
+    return destination
