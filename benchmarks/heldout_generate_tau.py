@@ -8,6 +8,7 @@ full blocks (``dflash_policy="full"``: every cycle drafts the whole block, so ta
     python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash ~/.cache/hf_dflash/train/run/final
     python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash --json tau.json   # rows + machine stamp
     python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash --workloads 4     # + the bench's kinds
+    python benchmarks/heldout_generate_tau.py hf_dflash/assets/smollm2-dflash --device cuda --dtype bfloat16
 
 ``--workloads N`` also measures the first N prompts of each of the bench's workloads (code_edit, doc_qa,
 multi_turn: prompts the training data is kept apart from, but that the bench reads), as columns of their own that
@@ -65,11 +66,14 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the rows and the run's stamp to this file")
     parser.add_argument("--workloads", type=int, default=0, metavar="N",
                         help="also tau on the first N prompts of each of the bench's workloads (default 0)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    parser.add_argument("--dtype", default="float32",
+                        help="the target's dtype (default float32, where greedy output is exact); the drafter follows")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = load_average()
 
-    target, tokenizer = load_target()
+    target, tokenizer = load_target(dtype=args.dtype, device=args.device)
     groups = heldout_prompts()
     workloads = {name: load_eval_prompts(name, limit=args.workloads) for name in WORKLOADS if args.workloads}
     rows = []
@@ -85,7 +89,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.json:
-        report = {"machine": run_stamp("cpu", load_before), "max_new_tokens": args.max_new_tokens,
+        report = {"machine": run_stamp(str(target.device), load_before), "dtype": str(target.dtype),
+                  "max_new_tokens": args.max_new_tokens,
                   "prompts": {name: len(prompts) for name, prompts in {**groups, **workloads}.items()},
                   "policy": "full blocks, greedy", "rows": rows}
         with open(args.json, "w", encoding="utf-8") as f:

@@ -40,40 +40,20 @@
 # per sequence, the training LM head over the 8,192 most frequent response tokens + each batch's labels + 1,024
 # sampled others (--train-vocab-size 8192 --train-vocab-sampled 1024: ~4x the steps per CPU-second of the full
 # 49,152-token head), 3% of the samples held out (at most 48), seed 0.
-#   STAGE=first     (the shipped drafter's first run, 2026-12-01): --distill-weight 0.5 (half of each token's loss is
-#                   the KL to the target's own next-token distribution), --init-from-target (the drafter layer and
-#                   final norm start as the target's last layer), --gamma 4 --position-weighting fixed, lr 6e-4
-#                   cosine, --draft-vocab-size 16384 at export (drafts among the 9,008-9,018 response tokens seen);
-#                   MAX_STEPS (default 9000) sets the cosine length and STOP (default 5067) ends the run there: the
-#                   2026-12-01 run was stopped by a 5,800 CPU-s budget at step 5,067 (BUDGET sets one; on a busier
-#                   machine the same budget reaches fewer steps, so the rebuild stops at the step instead).
-#   STAGE=continue  (2026-12-02, shipped): the same recipe from the first run's weights (--init-drafter), at half the
-#                   learning rate (3e-4 cosine over MAX_STEPS, default 4,000, all of them: 8,883 CPU-s then), the
-#                   same data and held-out split, the target named by its Hub id.
-#   STAGE=more      (2026-12-04): the continuation's recipe from its weights (--init-drafter), lr 2e-4 cosine
-#                   over MAX_STEPS (default 1,600, all of them), held out: the 1,536 prompts' split (--eval-data), on
-#                   all 3,008 prompts plus WORKLOADS=200 (defaults of this stage: LIMIT=3008, PROCESSES=2).
-#   STAGE=again     (2026-12-04, shipped): STAGE=more's recipe, data and held-out split from its weights, one process,
-#                   MAX_STEPS default 3,600 (a second pass); LAYERS=2 grows that drafter to 2 layers (--grow-layers).
-#   STAGE=v3        (the default): the measured best of the 20-CPU-minute recipe comparison: --position-weighting
-#                   acceptance (measured weights), --init-from-target, gamma 7, lr 6e-4, no distillation;
-#                   VARIANT=dflare for the DFlare twin. Not what is shipped: its runs stayed below the shipped drafter.
-#
-# CPU time of the shipped drafter (about 7.7 hours of one core in all). The first two stages: 2 shared x86_64 cores,
-# OMP_NUM_THREADS=1, other jobs on the other core:
-#   prompts ~20 s (3,008 built); regeneration of the first 1,536 prompts 46 min (batch 48, <= 160 new tokens);
-#   first run 5,801 CPU-s (97 min; epoch 1 ~1.5 CPU-s/step with the target forwards that fill the feature cache, then
-#   ~1 CPU-s/step); continuation 8,883 CPU-s of training steps (148 min; ~2.2 CPU-s/step, ~1.6 once the distillation
-#   cache is full), 3 h wall. Held-out expected tau 1.51 after the first run, 1.70 after the continuation; chain tau
-#   with generate() on 11 unseen prompts 1.441 -> 1.451 (benchmarks/heldout_generate_tau.py). Rebuilt with those
-#   commands on 2026-12-03 (about 4.4 hours of one core): chain tau 1.454 on the same 11 prompts
-#   (benchmarks/results/2026-12-03-rebuild-shipped-drafter).
-# STAGE=more (2026-12-04, an otherwise idle 2-core machine): regeneration of all 3,008 prompts and the workloads 42 min
-#   at two threads; 1,600 steps on two processes 3,149 CPU-s (31 min wall, ~1.1 s a step). Chain tau 1.451 -> 1.481
-#   (benchmarks/results/2026-12-04-train-more-data). Bench figures: BENCHMARKS.md.
-# STAGE=again (2026-12-04, shipped; same machine, one core): 3,600 steps 2,271 CPU-s (43 min wall, ~0.6 CPU-s a step
-#   once the features are cached). Chain tau 1.481 -> 1.513; with LAYERS=2 MAX_STEPS=2400 (same CPU time) 1.499
-#   (benchmarks/results/2026-12-04-train-second-pass).
+#   STAGE=first     --distill-weight 0.5 (half of each token's loss is the KL to the target's own next-token
+#                   distribution), --init-from-target (the drafter layer and final norm start as the target's last
+#                   layer), --gamma 4 --position-weighting fixed, lr 6e-4 cosine over MAX_STEPS (default 9,000),
+#                   stopped at step STOP (default 5,067), --draft-vocab-size 16384 at export.
+#   STAGE=continue  the same recipe from the first run's weights (--init-drafter), lr 3e-4 cosine over MAX_STEPS
+#                   (default 4,000), the same data and held-out split, the target named by its Hub id.
+#   STAGE=more      the continuation's recipe from its weights, lr 2e-4 cosine over MAX_STEPS (default 1,600), on all
+#                   3,008 prompts plus WORKLOADS=200, held out: the 1,536 prompts' split (--eval-data); two processes.
+#   STAGE=again     STAGE=more's recipe, data and held-out split from its weights, one process, MAX_STEPS default 3,600
+#                   (a second pass; the shipped drafter); LAYERS=2 grows that drafter to 2 layers (--grow-layers).
+#   STAGE=v3        (the default) --position-weighting acceptance (measured weights), --init-from-target, gamma 7,
+#                   lr 6e-4, no distillation, stopped by BUDGET CPU-seconds (default 5,800); VARIANT=dflare for DFlare.
+# What each stage cost and measured: training_info.json's "stages" in hf_dflash/assets/smollm2-dflash, and
+# docs/benchmarks/history/2026-12-04-shipped-drafter-stages.md.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 

@@ -1,4 +1,4 @@
-"""DFlash2 drafters (issue 21): the published layout loads and saves (with and without their own embeddings and LM
+"""DFlash2 drafters: the published layout loads and saves (with and without their own embeddings and LM
 head, with remote code), mixed layouts are refused, the convolution and selector compute what vLLM computes, and
 generate() drafts with the selector's path losslessly (greedy identical; sampling: drafts and q follow the selector's
 law, chi-square with negative controls)."""

@@ -1,4 +1,4 @@
-"""A drafter next to a target of another dtype or quantization (issue 32 item 3).
+"""A drafter next to a target of another dtype or quantization.
 
 A drafter in another dtype than its target drafts in its own (it reads the target's embeddings and features cast to
 its dtype, and its states are cast back for the target's LM head), so the output is the target's own. A quantized

@@ -1,4 +1,4 @@
-"""What we save serves in vLLM unchanged (issue 20): the draft vocabulary in the EAGLE-3 layout vLLM's DFlash loader
+"""What we save serves in vLLM unchanged: the draft vocabulary in the EAGLE-3 layout vLLM's DFlash loader
 reads, both layouts loading here, the target named by its Hub id, and what vLLM cannot serve said, not written
 silently. The real engine runs in tests/test_vllm_check.py (slow); here vLLM's reading of the files is re-done in
 a few lines from its source (vllm/model_executor/models/qwen3_dflash.py, DFlashQwen3ForCausalLM)."""
@@ -75,7 +75,7 @@ def test_vllm_scores_drafts_from_the_saved_files_as_we_do(target, tmp_path):
 
 
 def test_the_old_layout_is_what_vllm_misreads(target, tmp_path):
-    """Control for the emulation above: without the draft head (the layout saved before issue 20), vLLM's logits
+    """Control for the emulation above: without the draft head (a layout with `d2t` alone), vLLM's logits
     come from the target's first draft_vocab_size rows, placed at the draft ids: other tokens than ours."""
     drafter = drafter_for(target, DRAFT_IDS)
     drafter.save_pretrained(tmp_path / "new")

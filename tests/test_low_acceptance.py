@@ -1,4 +1,4 @@
-"""Zero acceptance is never silent (issue 32): when a drafter's drafts are almost never accepted by a target, over
+"""Zero acceptance is never silent: when a drafter's drafts are almost never accepted by a target, over
 enough verified first drafts to be sure (the default policy's probes included, prompt-lookup drafts not), one warning
 per (drafter, target) pair names the measured rate and the likely causes, most specific first, and
 ``drafter.last_stats.low_acceptance`` carries it. A drafter trained for its target never warns. Each cause is

@@ -1,4 +1,4 @@
-"""Regression tests for bugs other DFlash implementations shipped (issue 32 item 5), each named for what it guards.
+"""Regression tests for bugs other DFlash implementations shipped, each named for what it guards.
 
 Already guarded elsewhere: an EOS inside an accepted block stops exactly there (tests/test_generation.py,
 test_eos_inside_accepted_block; trees: tests/test_tree.py, test_eos_inside_tree)."""
@@ -122,7 +122,7 @@ def test_target_layer_k_is_read_as_its_output_in_training_and_generation(target,
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# a target split by device_map (issue 32 item 5), on a CPU-only machine
+# a target split by device_map, on a CPU-only machine
 class StandInDevices(TorchFunctionMode):
     """CPU tensors standing for tensors on several devices ("cpu:1", "cpu:2", ...): a tensor's device is the one it
     was created on or moved to (``.to(device)``, ``device=``), else "cpu:0"; an op over tensors of two devices raises

@@ -1,4 +1,4 @@
-"""Every checkpoint layout we read round-trips (issue 32): load -> save -> load gives the same config fields, the same
+"""Every checkpoint layout we read round-trips: load -> save -> load gives the same config fields, the same
 weights and the same drafts, and remote code loads the saved folder. A drafter built from a bare config saves too:
 its config never named a target, which is then absent from config.json (not null) and stated in the model card.
 

@@ -1,4 +1,4 @@
-"""The real vLLM engine serves what we save (issue 20): benchmarks/conformance/vllm_check.sh --tiny, slow.
+"""The real vLLM engine serves what we save: benchmarks/conformance/vllm_check.sh --tiny, slow.
 
 Runs when the check finds its vLLM venv (``VLLM_VENV``, else ``$HF_DFLASH_CACHE/vllm-venv``), or creates it when
 ``HF_DFLASH_VLLM_CHECK=1`` (~3 minutes of pip here); skipped otherwise. Tiny random Llama and Qwen3 targets whose

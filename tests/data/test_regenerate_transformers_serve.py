@@ -1,5 +1,5 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""``hf-dflash regenerate --server`` against a real ``transformers serve`` (issue 20), slow.
+"""``hf-dflash regenerate --server`` against a real ``transformers serve``, slow.
 
 ``transformers serve`` (FastAPI + Uvicorn: the ``transformers[serving]`` extra, in ``.[dev]``) serves the offline
 SmolLM2 on 127.0.0.1. It returns no token ids, so this is the re-tokenizing path run for real: each response's text

@@ -1,5 +1,5 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""``hf-dflash regenerate --server`` against a real vLLM server (issue 20): benchmarks/regenerate_server.py, slow.
+"""``hf-dflash regenerate --server`` against a real vLLM server: benchmarks/regenerate_server.py, slow.
 
 Opt-in: ``HF_DFLASH_VLLM_CHECK=1`` and a vLLM venv (``$VLLM_VENV``, else the one benchmarks/conformance/vllm_check.sh creates;
 ``bash benchmarks/conformance/vllm_check.sh --print-venv`` names it). Starts vLLM's OpenAI server on the offline SmolLM2 in fp32

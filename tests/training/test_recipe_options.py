@@ -1,5 +1,5 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""The recipe options of issue 13 and the learning curves, on the tiny target of test_trainer.py.
+"""The training recipe options and the learning curves, on the tiny target of test_trainer.py.
 
 Each option is checked twice: exactly (the computation against a brute-force or independent one) and end to end
 (training with it on raises the held-out expected acceptance length far above the untrained drafter's). Exact
