@@ -9,8 +9,9 @@
 #   bash scripts/gpu_carry.sh assemble             # on the device (gpu_run.sh calls it): parts -> the cache's wheels
 #
 # `receive` copies the parts of the folders that came into $GPU_CARRY_PARTS (default gpu-parts in the temporary
-# folder: outside the checkout, which the next call replaces); `assemble` joins each file's parts once all are there, checks its sha256 and moves it into
-# $HF_DFLASH_CACHE/wheels (default ~/.cache/hf_dflash/wheels), where hf_dflash.models finds the SmolLM2 wheel offline.
+# folder: outside the checkout, which the next call replaces); `assemble` joins each file's parts once all are
+# there, checks its sha256 and moves it into $HF_DFLASH_CACHE/wheels (default ~/.cache/hf_dflash/wheels), where
+# hf_dflash.models finds the SmolLM2 wheel offline.
 # `status` prints which files are complete. .gpu/ is ignored by git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
