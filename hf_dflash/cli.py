@@ -27,7 +27,7 @@ from transformers.utils import logging
 from .data.regenerate import RegenerationArguments, regenerate
 from .evaluation.batch import run_batch_benchmark
 from .evaluation.bench import METHODS, all_identical, run_benchmark
-from .evaluation.demo import run_demo, summary_line
+from .evaluation.demo import demo_dtype, demo_exit_code, run_demo, summary_line
 from .evaluation.prompts import ALL_DATASETS, DATASETS, check_dataset_names, load_eval_prompts
 from .evaluation.report import batch_markdown, markdown_report, save_plot
 from .models import load_drafter, load_target, resolve_device
@@ -102,7 +102,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The target/drafter/device options shared by ``hf-dflash demo`` and ``hf-dflash bench``."""
     parser.add_argument("--target", default=None, help="Hub id or folder (default: offline SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=None, help="Hub id or folder (default: the shipped demo drafter)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
+    parser.add_argument("--device", default="auto", help="auto (a GPU when there is one, else the CPU), cpu, cuda...")
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPUs), float32, bfloat16...")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt")
@@ -128,8 +128,9 @@ def add_demo_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo", help="answer a few prompts with and without a DFlash drafter", formatter_class=HelpFormatter,
         description="Answer a few prompts with and without the drafter, check that the outputs are identical, show\n"
-        "tau and the speedup. Offline on CPU by default: SmolLM2-135M-Instruct from PyPI and the shipped drafter.\n"
-        "Exit code 1 when an output with the drafter differs from plain generate.",
+        "tau and the speedup. Offline by default: SmolLM2-135M-Instruct from PyPI (in float32 on a GPU too, for the\n"
+        "identity check) and the shipped drafter. Exit code 1 when an output with the drafter differs from plain\n"
+        "generate (in bf16, or fp32 on a GPU: unless it first differs at a near-tie of plain's own logits).",
     )
     add_model_arguments(parser)
     parser.add_argument("--prompt", dest="prompts", nargs="+", default=None,
@@ -143,6 +144,7 @@ def layers(count: int) -> str:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    asked, args.dtype = args.dtype, demo_dtype(args.target, args.dtype)
     target, tokenizer, drafter, device = load_models_from_args(args)
     name = getattr(target.config, "_name_or_path", "") or type(target).__name__
     print(
@@ -150,10 +152,12 @@ def demo_command(args: argparse.Namespace) -> int:
         f"{str(target.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads | drafter "
         f"{getattr(drafter.config, '_name_or_path', '') or 'untrained'} ({layers(drafter.config.num_hidden_layers)}, "
         f"block {drafter.config.block_size})"
+        + ("" if device.type == "cpu" or asked == args.dtype else
+           "\nfloat32 on this GPU too, for the identity check (bf16 may break near-ties); --dtype bfloat16 times bf16")
     )
     comparisons = run_demo(target, tokenizer, drafter, args.prompts, args.max_new_tokens)
-    print("\n" + summary_line(comparisons))
-    return 0 if all(c.identical for c in comparisons) else 1
+    print("\n" + summary_line(comparisons, device))
+    return demo_exit_code(comparisons)
 
 
 def add_bench_parser(subparsers) -> None:
@@ -202,6 +206,7 @@ def bench_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list(METHODS)}.")
     check_dataset_names(args.datasets)
     with_drafter = bool(args.batch_sizes) or any("dflash" in m for m in args.methods)
+    args.dtype = demo_dtype(args.target, args.dtype)  # the offline SmolLM2 in float32 on a GPU too, as the demo
     target, tokenizer, drafter, _ = load_models_from_args(args, with_drafter)
     prompts = {name: load_eval_prompts(name, args.limit, tokenizer) for name in args.datasets}
     if args.batch_sizes:

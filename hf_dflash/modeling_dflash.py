@@ -43,6 +43,24 @@ from .vocabulary_dflash import DraftVocabularyMixin, frozen_head
 
 
 logger = logging.get_logger(__name__)
+# Whether hf-dflash loads targets and drafters with transformers' hub kernels. transformers 5.25 turns them on for
+# every `from_pretrained` (5.23 and 5.24 leave them off): on a GPU they swap RMSNorm/RoPE for kernels downloaded from
+# the Hub, which changes the numerics a drafter's output is checked against, and offline the load fails (the kernels'
+# publisher trust check needs the network). So they stay off unless the caller passes `use_kernels=True`.
+HUB_KERNELS = False
+
+
+def without_hub_kernels(kwargs: dict) -> dict:
+    """``from_pretrained`` keyword arguments with ``use_kernels=HUB_KERNELS`` added, unless they set ``use_kernels``
+    themselves (every transformers hf-dflash supports accepts it).
+
+    Example:
+        >>> without_hub_kernels({"dtype": "auto"}), without_hub_kernels({"use_kernels": True})
+        ({'use_kernels': False, 'dtype': 'auto'}, {'use_kernels': True})
+    """
+    return {"use_kernels": HUB_KERNELS, **kwargs}
+
+
 # The output's cache field: `cache` from transformers 5.24 on, where `past_key_values=` logs a deprecation.
 _OUTPUT_CACHE_FIELD = cache_argument(BaseModelOutputWithPast)
 
@@ -299,6 +317,17 @@ class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedMod
 
     # ----------------------------------------------------------------------------------------------------------------
     # construction (loading and saving: DFlashHubMixin, hub_dflash.py)
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> "DFlashDraftModel":
+        """Load a drafter of any layout (see :meth:`DFlashHubMixin.from_pretrained`), without hub kernels unless
+        ``use_kernels`` is given (see ``HUB_KERNELS``): on a GPU box without network ``device_map="cuda"`` loads too.
+
+        Example:
+            >>> repo = "z-lab/Qwen3-8B-DFlash-b16"
+            >>> drafter = DFlashDraftModel.from_pretrained(repo, device_map="cuda")  # doctest: +SKIP
+        """
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **without_hub_kernels(kwargs))
+
     @classmethod
     def from_target(
         cls,

