@@ -220,10 +220,12 @@ class DFlash2DraftModel(DFlashDraftModel):
 
     def edge_scores(self, candidate_ids: torch.Tensor, unary: torch.Tensor, hidden: torch.Tensor,
                     anchor_ids: torch.Tensor) -> torch.Tensor:
-        """The selector's S [b, k, K, K] (see :class:`DFlash2CandidateSelector`), in fp32."""
-        selector = self.candidate_selector
-        return selector(candidate_ids.to(selector.predecessor_codebook.device), unary,
-                        hidden.to(selector.predecessor_codebook.dtype), anchor_ids).float()
+        """The selector's S [b, k, K, K] (see :class:`DFlash2CandidateSelector`), in fp32, on the selector's device
+        (every input is taken there: the drafter may sit on another device than the target that scored them)."""
+        codebook = self.candidate_selector.predecessor_codebook
+        device = codebook.device
+        return self.candidate_selector(candidate_ids.to(device), unary.to(device), hidden.to(device, codebook.dtype),
+                                       anchor_ids.to(device)).float()
 
     # ----------------------------------------------------------------------------------------------------------------
     # loading, draft vocabulary
