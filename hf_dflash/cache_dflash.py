@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 
 import torch
+import transformers
 from transformers import cache_utils
 from transformers.cache_utils import DynamicCache
 
@@ -21,6 +22,9 @@ SLIDING_WINDOW_LAYERS = tuple(
     getattr(cache_utils, name) for name in ("DynamicSlidingWindowLayer", "StaticSlidingWindowLayer")
     if hasattr(cache_utils, name)
 )
+# Preallocated K/V layers of a StaticCache: [batch, heads, max_cache_len, head_dim], written in place at the layer's
+# length; `crop(-n)` rewinds that length (transformers 5.24 on; 5.23's static layers cannot be cropped).
+STATIC_LAYERS = getattr(cache_utils, "StaticLayer", ())
 
 
 def cache_argument(model_or_output) -> str:
@@ -59,21 +63,117 @@ def is_sliding_window(layer) -> bool:
     return isinstance(layer, SLIDING_WINDOW_LAYERS)
 
 
+def is_static(layer) -> bool:
+    return isinstance(layer, STATIC_LAYERS)
+
+
+def static_layers(cache) -> list:
+    """The preallocated (StaticCache) K/V layers of `cache`."""
+    return [layer for layer in getattr(cache, "layers", ()) if is_static(layer)]
+
+
 def select_cache_rows(cache, rows: torch.Tensor) -> None:
-    """Keep only batch `rows` of every layer of `cache`, linear-attention (recurrent / conv) states included."""
+    """Keep only batch `rows` of every layer of `cache`, linear-attention (recurrent / conv) states included.
+
+    A static layer has no row selection of its own: its preallocated K/V are selected the same way (new tensors of
+    the same length, fewer rows), and its length, shared by every row, stays.
+    """
     for layer in cache_layers(cache):
         if is_recurrent(layer):
             LINEAR_ATTENTION_LAYERS.reorder_cache(layer, rows)  # index_select of its states over the batch
-        if holds_keys(layer):
+        if is_static(layer) and not hasattr(layer, "batch_select_indices"):
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[rows.to(layer.device)], layer.values[rows.to(layer.device)]
+                layer.batch_size = len(rows)
+        elif holds_keys(layer):
             layer.batch_select_indices(rows)
 
 
 def cache_slots(cache) -> int | None:
     """Slots the target's cache holds (None for a cache of recurrent layers only, which has no slots: the loop needs
-    the count only to lay out padding masks, and such a target is run with none in the middle)."""
+    the count only to lay out padding masks, and such a target is run with none in the middle). A static cache keeps
+    its length in a tensor; it is read as an int here."""
     if any(holds_keys(layer) for layer in cache_layers(cache)):
-        return cache.get_seq_length()
+        return int(cache.get_seq_length())
     return None
+
+
+def cache_capacity(cache) -> int | None:
+    """The most slots `cache` can hold: the smallest `max_cache_len` of its static layers (None: it grows).
+
+    Example:
+        >>> cache_capacity(DynamicCache()) is None
+        True
+    """
+    lengths = [layer.max_cache_len for layer in static_layers(cache)]
+    return min(lengths) if lengths else None
+
+
+def free_slots(cache, cached: int) -> int | None:
+    """Slots left after the `cached` ones before a verify block would run past a static cache's end (None: no end)."""
+    capacity = cache_capacity(cache)
+    return None if capacity is None else capacity - cached
+
+
+def key_width(cache, cached: int, width: int) -> int:
+    """Keys the target's attention reads in a forward of `width` tokens after `cached` slots: all the preallocated
+    slots of a static cache (the unwritten ones must be masked), else the cached slots and the block.
+
+    Example:
+        >>> key_width(DynamicCache(), cached=5, width=3)
+        8
+    """
+    capacity = cache_capacity(cache)
+    return cached + width if capacity is None else capacity
+
+
+def compact_slots(caches, slot_mask: torch.Tensor, unread: int) -> torch.Tensor:
+    """Squeeze the padding slots out of a batch's caches: each row's real slots (True in `slot_mask` [b, S]) among the
+    first `S - unread` move, in order, to the end of a prefix as long as the row with the most of them (the others
+    are left-padded), and the last `unread` slots (verified, but not yet read by the drafter, whose cache lacks them)
+    follow it. Returns the new slot mask.
+
+    `caches` are the target's cache (S slots) and the drafter's (S - unread slots), which share the slot layout. Keys
+    carry their rotary positions already, and a softmax over keys does not depend on their order, so attention is
+    unchanged; a static cache needs it when a batch's rejected drafts and finished neighbours would otherwise fill it.
+
+    Example:
+        >>> cache = DynamicCache()
+        >>> keys = torch.arange(4.0).reshape(1, 1, 4, 1).repeat(2, 1, 1, 1)
+        >>> _ = cache.update(keys, keys.clone(), 0)
+        >>> compact_slots([cache], torch.tensor([[True, False, True, True], [False, False, True, True]]), 1).tolist()
+        [[True, True, True], [False, True, True]]
+        >>> cache.layers[0].keys[:, 0, :, 0].tolist()  # row 1's first slot (padding) holds whatever was there
+        [[0.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    """
+    total = slot_mask.shape[1]
+    prefix = slot_mask[:, : total - unread]
+    kept = prefix.sum(-1)
+    longest = int(kept.max())
+    # a stable sort puts each row's padding slots first and its real slots after them, in order
+    order = torch.sort(prefix.to(torch.int8), dim=1, stable=True).indices[:, prefix.shape[1] - longest :]
+    index = torch.cat([order, torch.arange(total - unread, total, device=order.device).expand(len(order), -1)], dim=1)
+    mask = torch.cat([torch.arange(longest, device=kept.device)[None] >= (longest - kept)[:, None],
+                      slot_mask[:, total - unread :]], dim=1)
+    for cache in caches:
+        held = cache_slots(cache) or 0
+        for layer in cache_layers(cache):
+            if holds_keys(layer) and layer.is_initialized and layer.keys.numel() > 0:
+                move_slots(layer, index[:, : index.shape[1] - (total - held)], held)
+    return mask
+
+
+def move_slots(layer, index: torch.Tensor, held: int) -> None:
+    """Make the slots `index` [b, n] (per row) of a K/V `layer` holding `held` slots its first n, and crop it there."""
+    gathered = []
+    for states in (layer.keys, layer.values):
+        rows = index.to(states.device)[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1])
+        gathered.append(states[:, :, :held].gather(2, rows))
+    if not is_static(layer):
+        layer.keys, layer.values = gathered
+        return
+    layer.keys[:, :, : index.shape[1]], layer.values[:, :, : index.shape[1]] = gathered  # in place: a fixed address
+    layer.crop(-(held - index.shape[1]))
 
 
 def has_sliding_window(cache) -> bool:
@@ -83,7 +183,8 @@ def has_sliding_window(cache) -> bool:
 
 def keep_path_slots(cache, cached: int, rows: torch.Tensor) -> None:
     """Move the K/V of verify-block rows `rows` (the anchor and the accepted path of a tree, ascending) to the front
-    of the block in every layer of `cache`; the caller then crops the rest of the block."""
+    of the block in every layer of `cache`, in place (a static layer's preallocated K/V too); the caller then crops the
+    rest of the block (a static layer: rewinds its length)."""
     for layer in cache_layers(cache):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if not isinstance(keys, torch.Tensor) or keys.numel() == 0:
@@ -133,17 +234,66 @@ def records_recurrent_history(cache) -> bool:
     return hasattr(cache, "get_recurrent_states_to_keep")
 
 
-def empty_target_cache(target, model_kwargs: dict, block_size: int):
+def empty_target_cache(target, model_kwargs: dict, block_size: int, max_length: int | None = None, batch: int = 1):
     """The caller's cache (which must be empty) or a new DynamicCache, recording its past so that sliding-window
     layers, and from transformers 5.25 on the recurrent states of a verify block of up to `block_size` tokens, can
-    be cropped back."""
+    be cropped back. A static cache (``cache_implementation="static"``, or a StaticCache passed in) is checked
+    (:func:`check_static_cache`); one that ``generate`` made too short for a batch is made again longer."""
     cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # `cache` from transformers 5.24 on
     if cache is None:
         cache = DynamicCache(config=target.config)
     if cache_slots(cache) or RecurrentStates(cache):
         raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
+    needed, capacity = static_slots_needed(max_length, batch, block_size), cache_capacity(cache)
+    made_by_generate = not getattr(cache, "_is_user_defined", False)
+    if capacity is not None and needed is not None and capacity < needed and made_by_generate:
+        cache = cache_utils.StaticCache(config=target.config.get_text_config(decoder=True), max_cache_len=needed)
+    check_static_cache(cache, needed)
     if records_recurrent_history(cache):
         cache.activate_past_recording(recurrent_states_to_keep=block_size)
     elif hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
     return cache
+
+
+def static_slots_needed(max_length: int | None, batch: int, block_size: int) -> int | None:
+    """Slots a static target cache needs for a call: ``max_length - 1``, as plain ``generate`` sizes it; a batch also
+    a block more, for the padding slots of drafts a row rejected while a neighbour accepted more, which the drafter
+    has not read yet (the others are squeezed out: :func:`compact_slots`).
+
+    Example:
+        >>> static_slots_needed(64, batch=1, block_size=16), static_slots_needed(64, batch=4, block_size=16)
+        (63, 79)
+    """
+    if max_length is None:
+        return None
+    return max_length - 1 + (block_size if batch > 1 else 0)
+
+
+def check_static_cache(cache, needed: int | None) -> None:
+    """A static target cache must rewind a rejected draft by cropping its length: each case it cannot serve raises a
+    ValueError naming the fix (drop ``cache_implementation="static"``: the dynamic cache serves them all).
+
+    Example:
+        >>> check_static_cache(DynamicCache(), needed=63)  # not static: nothing to check
+    """
+    static = static_layers(cache)
+    if not static:
+        return
+    fix = "drop cache_implementation=\"static\" (or the StaticCache) to decode on the dynamic cache"
+    if not callable(getattr(static[0], "crop", None)):
+        raise ValueError(f"A static cache with a DFlash drafter needs transformers >= 5.24, whose static layers can be "
+                         f"cropped back after a rejected draft (this is {transformers.__version__}); upgrade, or "
+                         f"{fix}.")
+    if any(is_recurrent(layer) for layer in cache.layers):
+        raise ValueError("A static cache with a hybrid (recurrent / convolution) target is not supported with a DFlash "
+                         f"drafter: its recurrent states are rolled back on the dynamic cache only; {fix}.")
+    if any(is_sliding_window(layer) for layer in static):
+        raise ValueError("A static cache with a sliding-window target is not supported with a DFlash drafter: its "
+                         "window layers drop the tokens that leave the window, so a rejected draft's slots cannot be "
+                         f"given back; {fix}.")
+    capacity = cache_capacity(cache)
+    if needed is not None and capacity < needed:
+        raise ValueError(f"The static cache holds max_cache_len={capacity} slots but this call needs {needed} "
+                         "(max_length - 1, and a batch a block of the drafter's more); pass a StaticCache with "
+                         f"max_cache_len >= {needed}, or lower max_new_tokens, or {fix}.")

@@ -17,8 +17,9 @@ The steps of :func:`dflash_decoding` (batch 1 shown; in a batch every row keeps 
   4. accept: greedy: the longest prefix of drafts equal to the target's own choices, plus the target's next token;
      sampling: speculative sampling (accept with min(1, p/q), resample from norm(max(0, p - q))) (sampling_dflash.py);
   5. commit: append the accepted tokens, stopping where plain ``generate`` would; the target keeps their cache
-     slots (a hybrid target's recurrent states are rewound and re-advanced: cache_dflash.py), the drafter reads their
-     features in the next draft; finished rows retire (rows_dflash.py).
+     slots (the rest is cropped: a static cache's length is rewound; a hybrid target's recurrent states are rewound
+     and re-advanced: cache_dflash.py), the drafter reads their features in the next draft; finished rows retire
+     (rows_dflash.py).
 Output equals what ``generate()`` would give without the drafter, because every committed token is the target's.
 
 Routing: importing this module wraps ``GenerationMixin.generate`` (argument checks before any work) and
@@ -39,7 +40,10 @@ from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .cache_dflash import RecurrentStates, cache_argument, cache_slots, empty_target_cache, has_sliding_window
+from .cache_dflash import (
+    RecurrentStates, cache_argument, cache_capacity, cache_slots, compact_slots, empty_target_cache, free_slots,
+    has_sliding_window,
+)
 from .candidates_dflash import DFlashCandidateGenerator
 from .checks_dflash import (
     DFLASH_GENERATE_KWARGS,
@@ -81,7 +85,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     stats = drafter.last_stats = DFlashStats(drafter.config.block_size,
                                              row_acceptance_lengths=[[] for _ in input_ids])
     recorder, do_sample = OutputRecorder(config), bool(config.do_sample)
-    cache = empty_target_cache(target, model_kwargs, drafter.config.block_size)
+    cache = empty_target_cache(target, model_kwargs, drafter.config.block_size, options.max_length, len(input_ids))
     forward_kwargs = target_forward_kwargs(target, drafter, cache, config)
     policy = draft_policy(options, target, drafter, config)
     generator = DFlashCandidateGenerator(drafter, target, config, logits_processor, options)
@@ -98,7 +102,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     while rows.retire(running, cache, generator.cache, ProcessorRows(logits_processor)):
         # 2. draft: the policy chooses the source and count, the generator proposes them (none: a plain step)
         tic = synchronized_clock(device)
-        draft, lookup = next_draft(policy, generator, rows.histories, trees=tree is not None)
+        draft, lookup = next_draft(policy, generator, rows, cache, trees=tree is not None)
         candidates, draft_scores = generator.get_candidates(
             rows.anchors(), rows.features, draft=draft, lookup=lookup, histories=rows.histories,
             context_positions=rows.feature_positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
@@ -163,10 +167,12 @@ def draft_policy(options: DFlashCallOptions, target, drafter, config) -> DraftPo
     return FullBlocks(most)
 
 
-def next_draft(policy: DraftPolicy, generator, histories, trees: bool) -> tuple[Draft, list[int]]:
+def next_draft(policy: DraftPolicy, generator, rows, cache, trees: bool) -> tuple[Draft, list[int]]:
     """Step 2's choice: (the policy's :class:`Draft`, the lookup continuation on offer). The offer (batch size 1, when
     the call has a lookup source) is scored by the policy whether verified or not; a tree takes the drafter's whole
-    block whenever the drafter runs (the policy then sizes the tree: :meth:`DraftPolicy.tree_budget`)."""
+    block whenever the drafter runs (the policy then sizes the tree: :meth:`DraftPolicy.tree_budget`). The anchor and
+    the drafts fit before a static target `cache`'s end (:func:`static_room`)."""
+    histories = rows.histories
     found = generator.lookup_offer(histories)
     offer, size = found if found is not None else ([], 0)
     if found is not None:
@@ -175,7 +181,28 @@ def next_draft(policy: DraftPolicy, generator, histories, trees: bool) -> tuple[
                           context=max(len(h) for h in histories))
     if trees and draft.count and not draft.from_lookup:
         draft = Draft(policy.most)
+    room = static_room(cache, generator.cache, rows, generator.block_size)  # None: the cache grows
+    if room is not None and draft.count >= room:  # verify what fits (a chain always does: see static_room)
+        draft = draft._replace(count=room - 1)
     return draft, offer
+
+
+def static_room(cache, drafter_cache, rows, block_size: int) -> int | None:
+    """The most tokens a verify block may write into a static target cache (None: the cache grows). A batch's
+    padding slots (left padding, drafts a row rejected while a neighbour accepted more) are squeezed out of both
+    caches first when less than a block is left (:func:`~cache_dflash.compact_slots`; the cache holds a block more
+    than ``max_length - 1`` for the drafts the drafter has not read yet). A batch of one holds no padding slot, and
+    its cache (``max_length - 1`` slots) always has room for the anchor and every draft that fits under
+    ``max_length``."""
+    if cache_capacity(cache) is None:
+        return None
+    free = free_slots(cache, cache_slots(cache) or 0)
+    if free < block_size and rows.slot_mask is not None and not bool(rows.slot_mask.all()):
+        rows.slot_mask = compact_slots([cache, drafter_cache], rows.slot_mask, unread=rows.features.shape[1])
+        free = free_slots(cache, cache_slots(cache))
+    if free < 1:  # empty_target_cache sized the cache so that this cannot happen
+        raise RuntimeError(f"The static cache is full ({cache_slots(cache)} slots); pass a larger max_cache_len.")
+    return free
 
 
 def target_forward_kwargs(target, drafter, cache, config) -> dict:
@@ -217,12 +244,13 @@ class Verification:
 
 def verify_block(target, rows, candidates, cache, forward_kwargs, recurrent) -> Verification:
     """Step 3: one target forward over each row's ``[anchor, drafts]``, padded to a GEMM-friendly row count on CPU
-    (not for recurrent targets, where padding would cost a re-advance); their states are saved first."""
-    width = candidates.shape[1]
-    if not recurrent:
+    (not for recurrent targets, where padding would cost a re-advance, nor past a static cache's end); recurrent
+    states are saved first."""
+    width, cached = candidates.shape[1], cache_slots(cache)
+    free = free_slots(cache, cached or 0)
+    if not recurrent and (free is None or gemm_friendly_rows(width, candidates.device, len(rows)) <= free):
         width = gemm_friendly_rows(width, candidates.device, len(rows))
     ids, positions, mask = rows.verify_inputs(candidates, width)
-    cached = cache_slots(cache)
     if recurrent and not recurrent.crop_rewinds:
         recurrent.save()
     outputs = target(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **forward_kwargs)

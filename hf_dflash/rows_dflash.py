@@ -18,7 +18,9 @@ class Rows:
 
     The target's and the drafter's caches hold one slot per verified position of every row; the batch's longest
     acceptance sets how many slots a cycle adds, and ``slot_mask`` marks the slots that hold no real token (left
-    padding, and drafts a row rejected while a neighbour accepted more) so no row waits for a neighbour.
+    padding, and drafts a row rejected while a neighbour accepted more) so no row waits for a neighbour. A static
+    cache, which has an end, has those padding slots squeezed out when it runs short (``cache_dflash.compact_slots``)
+    and its finished rows selected out like a dynamic one's.
 
     Example (two prompts, the second left-padded):
         >>> rows = Rows.for_prompts(torch.tensor([[5, 6, 7], [0, 8, 9]]), torch.tensor([[1, 1, 1], [0, 1, 1]]))
@@ -94,8 +96,9 @@ class Rows:
 
         The target `cache` (`cached` slots before the verify forward) keeps the slots of the longest acceptance;
         shorter rows mark their rejected slots as padding. The kept slots' `features` / `positions` [b, width, ...]
-        become the drafter's next context (after the unread ones, when the drafter did not run this cycle). Each row's history grows by its tokens, cut exactly where plain generate
-        would stop (EOS, max length, stop strings inside the block; `scores` [b, k + 1, V] feed the criteria).
+        become the drafter's next context (after the unread ones, when the drafter did not run this cycle). Each row's
+        history grows by its tokens, cut exactly where plain generate would stop (EOS, max length, stop strings inside
+        the block; `scores` [b, k + 1, V] feed the criteria).
 
         Returns (the rows that go on, the tokens each row committed).
         """

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache_dflash import keep_path_slots
+from .cache_dflash import cache_slots, free_slots, keep_path_slots, key_width
 from .lookup_dflash import prompt_lookup
 from .rows_dflash import record
 from .sampling_dflash import vectorizable
@@ -268,16 +268,25 @@ def tree_scores(processors, history: torch.Tensor, tree: DraftTree, logits: torc
     return out
 
 
-def tree_attention_mask(tree: DraftTree, slot_mask, cached: int, width: int, dtype, attention: str) -> torch.Tensor:
-    """[1, 1, width, cached + width] mask of a verify block of the tree's nodes (then `width - len(tree)` padding rows
-    that see the cache and themselves): every row sees the real cache slots and its ancestors. Booleans (True: attend)
-    for sdpa, additive floats for eager attention."""
+def tree_attention_mask(tree: DraftTree, slot_mask, cached: int, width: int, dtype, attention: str,
+                        keys: int | None = None) -> torch.Tensor:
+    """[1, 1, width, keys] mask of a verify block of the tree's nodes (then `width - len(tree)` padding rows that see
+    the cache and themselves): every row sees the real cache slots and its ancestors. `keys` is what the attention
+    reads (:func:`~cache_dflash.key_width`): ``cached + width`` (the default), or a static cache's whole length, whose
+    slots after the block are masked. Booleans (True: attend) for sdpa, additive floats for eager attention.
+
+    Example (a chain of one draft after 2 cached slots, in a static cache of 6):
+        >>> tree = DraftTree(torch.tensor([7, 8]), [-1, 0], [0, 1], [[1], []])
+        >>> tree_attention_mask(tree, None, 2, 2, torch.float32, "sdpa", keys=6)[0, 0].int().tolist()
+        [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    """
     device = tree.tokens.device
     n = len(tree)
     block = torch.eye(width, dtype=torch.bool, device=device)
     block[:n, :n] = tree.ancestors()
     before = slot_mask.to(device) if slot_mask is not None else torch.ones(1, cached, dtype=torch.bool, device=device)
-    mask = torch.cat([before.bool().expand(width, -1), block], dim=1)[None, None]
+    after = torch.zeros(width, (keys or cached + width) - cached - width, dtype=torch.bool, device=device)
+    mask = torch.cat([before.bool().expand(width, -1), block, after], dim=1)[None, None]
     if attention == "eager":
         return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
     return mask
@@ -328,21 +337,25 @@ class TreeVerifier:
         tree = build_tree(history[-1], draft_scores[0], self.options.tree_budget, self.do_sample)
         # the best b-node tree is the first b nodes of the best-first one; its shape never depends on the draws
         chosen = self.policy.tree_budget(tree.log_probs, batch=1, device=device)
+        cached = cache_slots(cache)
+        free = free_slots(cache, cached)
+        branch = self.branch_length(history)
+        if free is not None:  # a static cache ends: the anchor, the nodes and the n-gram branch must fit before it
+            chosen = max(min(chosen, free - 1 - branch), 0)
         if chosen < len(tree) - 1:
             tree = build_tree(history[-1], draft_scores[0], chosen, self.do_sample)
         expected = sum(math.exp(p) for p in tree.log_probs[1:])
-        if self.options.branch_tokens:  # the n-gram branch, as long as it fits under max_length
-            room = self.options.room(len(history))
-            length = self.options.branch_tokens if room is None else min(self.options.branch_tokens, room)
-            tree.add_branch(prompt_lookup(history, length, self.options.lookup_ngram))
+        if branch:  # the n-gram branch
+            tree.add_branch(prompt_lookup(history, branch, self.options.lookup_ngram))
         n = len(tree)
         width = gemm_friendly_rows(n, device)
-        cached = cache.get_seq_length()
+        width = n if free is not None and width > free else width
         ids = torch.cat([tree.tokens, tree.tokens[:1].expand(width - n)])[None]
         depths = torch.tensor(tree.depths + [0] * (width - n), device=ids.device)
         positions = rows.anchor_positions[:, None] + depths[None]
         dtype = self.target.get_input_embeddings().weight.dtype
-        mask = tree_attention_mask(tree, rows.slot_mask, cached, width, dtype, self.attention)
+        mask = tree_attention_mask(tree, rows.slot_mask, cached, width, dtype, self.attention,
+                                   keys=key_width(cache, cached, width))
         outputs = self.target(
             input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **self.forward_kwargs
         )
@@ -372,3 +385,10 @@ class TreeVerifier:
         self.policy.observe_costs(1, device, width, seconds, draft_seconds)
         self.policy.observe_tree(expected, len(path))
         return running
+
+    def branch_length(self, history) -> int:
+        """Tokens of the n-gram branch after `history` (0: none), as many as fit under max_length."""
+        if not self.options.branch_tokens:
+            return 0
+        room = self.options.room(len(history))
+        return self.options.branch_tokens if room is None else max(min(self.options.branch_tokens, room), 0)

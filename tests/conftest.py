@@ -32,8 +32,8 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
 import hf_dflash.timing_dflash
-from hf_dflash.cli import main
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
+from hf_dflash.cli import main
 from hf_dflash.costs_dflash import cost_tables
 from hf_dflash.models import load_target
 from hf_dflash.training import DFlashTrainingArguments
@@ -259,6 +259,30 @@ def device(request) -> torch.device:
 def on_device(model, device, dtype: torch.dtype | None = None):
     """A copy of `model` on `device` (in `dtype`, if given): the cached CPU models stay as they are."""
     return copy.deepcopy(model).to(device=device, dtype=dtype or model.dtype)
+
+
+@contextlib.contextmanager
+def per_row_scripts(ids: torch.Tensor, continuations: list[list[int]], corrupt: list[float], seed: int = 0):
+    """Row r's drafter proposes row r's reference continuation, each token replaced with the row's own probability
+    (point-mass scores): rows accept very differently."""
+    original, rng, prompt_len = DFlashCandidateGenerator.propose, random.Random(seed), ids.shape[1]
+
+    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
+        drafts, scores = original(self, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
+        drafts = drafts.clone()
+        for r, history in enumerate(histories):
+            row = next(i for i in range(len(ids)) if torch.equal(history[:prompt_len], ids[i]))  # rows retire
+            for j in range(drafts.shape[1]):
+                index = len(history) - prompt_len + j
+                if index < len(continuations[row]):
+                    drafts[r, j] = continuations[row][index]
+                if rng.random() < corrupt[row]:
+                    drafts[r, j] = (int(drafts[r, j]) + 1 + rng.randrange(VOCAB - 1)) % VOCAB
+        return drafts, torch.full_like(scores, float("-inf")).scatter(2, drafts[..., None], 0.0)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DFlashCandidateGenerator, "propose", propose)
+        yield
 
 
 def make_prompt(length: int, vocab_size: int = VOCAB, seed: int = 0) -> torch.Tensor:

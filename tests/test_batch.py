@@ -3,51 +3,21 @@
 Batched sampling laws (rows that really draft, chi-square per row) are in test_sampling_laws.py."""
 
 import contextlib
-import random
 
 import pytest
 import torch
 from conftest import (
-    every_policy_path,
     ARCHS,
     PAD,
     alone,
     cached_target,
+    every_policy_path,
     left_padded,
     make_drafter,
     make_prompt,
+    per_row_scripts,
     row_new_tokens,
 )
-
-from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-
-
-@contextlib.contextmanager
-def per_row_scripts(ids: torch.Tensor, continuations: list[list[int]], corrupt: list[float], seed: int = 0):
-    """Row r's drafter proposes row r's reference continuation, corrupted with its own rate."""
-    original = DFlashCandidateGenerator.propose
-    rng = random.Random(seed)
-    prompt_len = ids.shape[1]
-
-    def propose(self, histories, context, context_positions, anchor_positions, slot_mask=None, num_drafts=None):
-        drafts, scores = original(self, histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
-        drafts = drafts.clone()
-        for r, history in enumerate(histories):
-            row = next(i for i in range(len(ids)) if torch.equal(history[:prompt_len], ids[i]))  # rows retire
-            for j in range(drafts.shape[1]):
-                index = len(history) - prompt_len + j
-                if index < len(continuations[row]):
-                    drafts[r, j] = continuations[row][index]
-                if rng.random() < corrupt[row]:
-                    drafts[r, j] = (int(drafts[r, j]) + 1 + rng.randrange(95)) % 96
-        point_mass = torch.full_like(scores, float("-inf")).scatter(2, drafts[..., None], 0.0)
-        return drafts, point_mass
-
-    DFlashCandidateGenerator.propose = propose
-    try:
-        yield
-    finally:
-        DFlashCandidateGenerator.propose = original
 
 
 @pytest.mark.parametrize("policy", ["full", "cost"])
