@@ -12,19 +12,19 @@ for a tree's size. Three policies, chosen by the call's settings:
 Output never depends on the policy: every choice is lossless.
 
 Costs are kept with the objects they describe (weakly keyed by the target, acceptance by the drafter), measured with
-the package's one clock (timing_dflash.py). Part of the remote-code payload: imports only torch and that sibling.
+the package's one clock (timing_dflash.py); the arithmetic of expected speed is speed_dflash.py's. Part of the
+remote-code payload: imports only torch and those siblings.
 """
 import copy
 import functools
-import itertools
 import math
-import operator
 import weakref
 from typing import NamedTuple, Protocol
 
 import torch
 
 from .costs_dflash import CostTable, cost_table
+from .speed_dflash import best_draft_count, chain_speed, decay, rates_by_depth
 from .timing_dflash import gemm_friendly_rows
 
 
@@ -182,8 +182,8 @@ class CostAwarePolicy:
         committed after it (:meth:`observe_lookup_offer`), so copy-heavy text is found from its first cycles and a
         lookup that stops holding is dropped, at no cost.
     Costs are robust to noise (:class:`CostTable`: the lower median of the recent samples, t(1) their least) and kept
-    with the target they describe, per length of context (:func:`~costs_dflash.context_bucket`); acceptance statistics and the
-    probing schedule carry over to the drafter's next calls. Output never depends on the choice.
+    with the target they describe, per length of context (:func:`~costs_dflash.context_bucket`); acceptance
+    statistics and the probing schedule carry over to the drafter's next calls. Output never depends on the choice.
     """
 
     # A cycle off the chosen width (a plain step to re-measure t(1), a full block for the far end of the cost curve)
@@ -241,8 +241,8 @@ class CostAwarePolicy:
         # from ever drafting). Lookup counts stay: they age with every offer scored (LOOKUP_MEMORY), so a new text
         # re-rates them within ~10 cycles anyway, and shrinking them delayed lookups on AIME, where they pay.
         scale = min(1.0, self.CALL_PRIOR / max(self.reached[0], 1e-9))
-        _decay(self.reached, scale)
-        _decay(self.accepted, scale)
+        decay(self.reached, scale)
+        decay(self.accepted, scale)
         self.plain_streak, self.probe_after = 0, min(self.probe_after, self.CALL_PROBE)
 
     def _remember(self) -> None:
@@ -252,15 +252,16 @@ class CostAwarePolicy:
         return cost_table(self.target, device, batch, self.context)
 
     def acceptance_rates(self, doubt: float = 0.0) -> list[float]:
-        return _rates(self.accepted, self.reached, doubt=doubt)
+        return rates_by_depth(self.accepted, self.reached, doubt=doubt)
 
     def lookup_rates(self, size: int, length: int, doubt: float = 0.0) -> list[float]:
         """Acceptance rates by depth of lookup continuations found by an n-gram of `size`, for `length` depths, from
         a sceptical 1/4 prior (most text does not repeat; a drafter that has been right must not lose its cycles to
-        a lookup). Depths never reached yet take the deepest measured one's rate, as :func:`_rates` does (a copied
-        passage that held for 4 tokens tends to hold on; a 1/4 there kept lookups short for good)."""
+        a lookup). Depths never reached yet take the deepest measured one's rate, as
+        :func:`~speed_dflash.rates_by_depth` does (a copied passage that held for 4 tokens tends to hold on; a 1/4
+        there kept lookups short for good)."""
         reached = self.lookup_reached.get(size, [])
-        rates = _rates(self.lookup_accepted.get(size, []), reached, prior=0.25, doubt=doubt)[:length] or [0.25]
+        rates = rates_by_depth(self.lookup_accepted.get(size, []), reached, prior=0.25, doubt=doubt)[:length] or [0.25]
         return rates + rates[-1:] * (length - len(rates))
 
     def observe_lookup_offer(self, history: torch.Tensor, offer: list[int], size: int) -> None:
@@ -284,8 +285,8 @@ class CostAwarePolicy:
             reached, hits = self.lookup_reached[drafts_size], self.lookup_accepted[drafts_size]
             committed = history[start + scored : start + len(drafts)].tolist()
             if scored == 0 and committed:  # a new verification-equivalent: older ones weigh less
-                _decay(reached, self.LOOKUP_MEMORY)
-                _decay(hits, self.LOOKUP_MEMORY)
+                decay(reached, self.LOOKUP_MEMORY)
+                decay(hits, self.LOOKUP_MEMORY)
             held = True
             for depth, token in enumerate(committed, scored):
                 held = token == drafts[depth]
@@ -314,8 +315,8 @@ class CostAwarePolicy:
         # a probe accepted in full asks for a deeper one next (a drafter that got good shows in a few cycles)
         held = self.probe_drafts == num_drafts and all(n == num_drafts for n in accepted)
         self.follow_up, self.probe_drafts = (min(self.most, 2 * num_drafts) if held else 0), 0
-        _decay(self.reached, self.MEMORY)
-        _decay(self.accepted, self.MEMORY)
+        decay(self.reached, self.MEMORY)
+        decay(self.accepted, self.MEMORY)
         for n in accepted:
             for depth in range(min(n + 1, num_drafts)):
                 self.reached[depth] += 1.0
@@ -325,9 +326,9 @@ class CostAwarePolicy:
     def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
         """The next cycle's :class:`Draft`; `lookup_length` tokens of lookup continuation are on offer (0: none),
         found by an n-gram of `lookup_size` tokens; `context` tokens of text so far (the cycle's costs, and those it
-        observes, are those of that length: :func:`~costs_dflash.context_bucket`). Its steps: measure what is not measured yet;
-        weigh the best chain of each source against a plain step; draft, refreshing a stale end of the cost curve
-        now and then, or step plainly, probing the drafter now and then."""
+        observes, are those of that length: :func:`~costs_dflash.context_bucket`). Its steps: measure what is not
+        measured yet; weigh the best chain of each source against a plain step; draft, refreshing a stale end of the
+        cost curve now and then, or step plainly, probing the drafter now and then."""
         self.context = context
         self.cycles += 1
         self._remember()
@@ -433,58 +434,3 @@ class CostAwarePolicy:
         self.tree_accepted = 0.97 * self.tree_accepted + accepted
         self.observe_acceptance(self.most, [accepted])
 
-
-def _decay(counts: list[float], factor: float) -> None:
-    """Age observation counts in place: old cycles weigh less, so estimates follow a drifting text."""
-    counts[:] = [factor * c for c in counts]
-
-
-def _rates(accepted: list[float], reached: list[float], prior: float = 0.5, doubt: float = 0.0) -> list[float]:
-    """Acceptance rate by depth: each depth's counts shrunk towards the rate of the depth before it (the first
-    towards `prior`), so a depth rarely reached lately (cycles verified fewer drafts) keeps the rate its neighbours
-    show instead of falling back to an arbitrary prior that would stop longer chains from ever being tried. With
-    `doubt` z, each rate is lowered by z standard errors of its estimate (sqrt(p (1 - p) / (n + 3)), n its count,
-    the prior's 2 included): what to bet on when a wrong bet costs more than a missed one.
-
-    Example:
-        >>> [round(r, 2) for r in _rates([90.0, 0.0], [100.0, 0.0])]
-        [0.89, 0.89]
-        >>> [round(r, 2) for r in _rates([9.0, 0.0], [10.0, 0.0], doubt=1.0)]  # 10 counts: lowered by 0.11
-        [0.73, 0.62]
-    """
-    rates, previous = [], prior
-    for a, r in zip(accepted, reached):
-        previous = (a + 2.0 * previous) / (r + 2.0)
-        rates.append(max(0.0, previous - doubt * math.sqrt(previous * (1.0 - previous) / (r + 3.0))))
-    return rates
-
-
-def best_draft_count(rates: list[float], seconds) -> tuple[int, float]:
-    """(k, expected tokens per second) of the best draft count k >= 1 for acceptance `rates` by depth and the
-    `seconds(k)` a cycle of k drafts costs.
-
-    Example:
-        >>> k, speed = best_draft_count([0.9, 0.9, 0.1], lambda k: 1.0 + 0.1 * k)
-        >>> k, round(speed, 3)
-        (2, 2.258)
-    """
-    # one pass (the policy asks every cycle): the expected tokens of k drafts grow by the chance to reach depth k
-    best, expected, reach = (0, 0.0), 1.0, 1.0
-    for k, rate in enumerate(rates, 1):
-        reach *= rate
-        expected += reach
-        speed = expected / seconds(k)
-        if speed > best[1]:
-            best = (k, speed)
-    return best
-
-
-def chain_speed(rates: list[float], k: int, seconds) -> float:
-    """Expected tokens per second of a cycle verifying k drafts accepted at `rates` by depth (1 + the expected
-    accepted drafts, over `seconds(k)`).
-
-    Example:
-        >>> round(chain_speed([0.5, 0.5, 0.1], 2, lambda k: 1.0 + 0.1 * k), 3)
-        1.458
-    """
-    return (1.0 + sum(itertools.accumulate(rates[:k], operator.mul))) / seconds(k)

@@ -19,9 +19,9 @@ import os
 import random
 from pathlib import Path
 
-from build_smollm2_prompts import SHAREGPT_REQUIREMENT, evaluation_guard, normalised, sharegpt_exchanges
-
 from hf_dflash.data import teacher_forced_record
+from hf_dflash.data.sharegpt import SHAREGPT_REQUIREMENT, normalised, sharegpt_exchanges
+from hf_dflash.evaluation.training_prompts import evaluation_guard
 from hf_dflash.models import load_target
 from hf_dflash.wheels import cache_dir, downloaded_wheel
 

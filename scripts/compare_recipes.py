@@ -6,8 +6,8 @@
     python scripts/compare_recipes.py fill-cache --data train.jsonl --feature-cache DIR [--max-length 512 ...]
     python scripts/compare_recipes.py table RUNS_FOLDER [--budget SECONDS]
 
-* ``smoke-prompts``: code + math prompts only (no ShareGPT download), from scripts/build_smollm2_prompts.py's own
-  generators, for a quick end-to-end check of the comparison.
+* ``smoke-prompts``: code + math prompts only (no ShareGPT download), from the training-prompt builders'
+  generators (hf_dflash.evaluation.training_prompts), for a quick end-to-end check of the comparison.
 * ``fill-cache``: target features and final hidden states of every sample into the feature cache, BEFORE the
   recipes train, so that no recipe is charged the target forward (the first one to run would otherwise pay it).
 * ``table``: one Markdown row per run folder with a ``training_log.jsonl``: held-out expected tau at 25/50/75/100%
@@ -19,19 +19,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
 
 def smoke_prompts(count: int, output: Path, seed: int = 0) -> None:
-    spec = importlib.util.spec_from_file_location("build_smollm2_prompts", HERE / "build_smollm2_prompts.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
+    from hf_dflash.evaluation import training_prompts as builder
+
     rng = random.Random(seed)
     starts, entry_points = builder.evaluation_guard()
     functions = builder.stdlib_functions(entry_points)

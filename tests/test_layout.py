@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_dflash"
 PAYLOAD = (
-    "timing_dflash", "costs_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
+    "timing_dflash", "costs_dflash", "speed_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
     # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
     "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
     "checks_dflash", "rows_dflash", "hub_dflash", "vocabulary_dflash",
@@ -22,7 +22,8 @@ PAYLOAD = (
 )
 # The generation side of the payload, bottom up: a module may import siblings of lower floors only.
 FLOORS = (
-    ("timing_dflash", "costs_dflash"),  # the one clock and the GEMM-friendly verify widths; measured costs
+    # the one clock and the GEMM-friendly verify widths; measured costs; the arithmetic of expected speed
+    ("timing_dflash", "costs_dflash", "speed_dflash"),
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
     ("checks_dflash", "rows_dflash", "configuration_dflash2", "hub_dflash", "vocabulary_dflash"),
@@ -31,7 +32,34 @@ FLOORS = (
     ("modeling_dflash",),  # imports the loop module so that loading a drafter installs the routing
     ("modeling_dflash2",),  # a DFlash drafter plus convolutions and a candidate selector
 )
-MAX_MODULE_LINES = 600
+MAX_MODULE_LINES = 450
+# modules allowed past MAX_MODULE_LINES for now, each with the reason
+OVER_THE_LIMIT = {
+    "hf_dflash.checks_dflash": "pre-call checks and low-acceptance diagnostics, to be split into two modules",
+}
+# Each concept's one home: the module that defines these names (no other module of the package defines them).
+HOMES = {
+    "hf_dflash.policy_dflash": ("Draft", "DraftPolicy", "FullBlocks", "HeuristicSchedule", "CostAwarePolicy",
+                                "most_drafts", "policy_memory"),
+    "hf_dflash.speed_dflash": ("decay", "rates_by_depth", "best_draft_count", "chain_speed"),
+    "hf_dflash.data.arguments": ("RegenerationArguments", "validate_regeneration_arguments"),
+    "hf_dflash.data.resume": ("skipped_path", "meta_path", "done_indices", "check_same_regeneration",
+                              "record_regeneration_settings"),
+    "hf_dflash.data.regenerate": ("regenerate", "in_process_steps", "served_steps"),
+    "hf_dflash.data.sharegpt": ("SHAREGPT_REQUIREMENT", "sharegpt_conversations", "is_evaluation_text"),
+    "hf_dflash.data.stdlib_code": ("stdlib_functions", "code_edit_sources"),
+    "hf_dflash.data.math_problems": ("math_problem",),
+    "hf_dflash.evaluation.training_prompts": ("evaluation_guard", "workload_prompts", "training_prompts",
+                                              "write_prompts"),
+    "hf_dflash.evaluation.methods": ("METHODS", "METHOD_LABELS", "Run", "ForwardCounter", "method_kwargs",
+                                     "timed_generation", "first_difference"),
+    "hf_dflash.evaluation.progress": ("BenchProgress", "run_from_json"),
+    "hf_dflash.evaluation.summaries": ("PromptResult", "method_tau", "summary_of", "cycle_costs", "chosen_drafts",
+                                       "differences_from_plain", "bench_report", "bench_config", "all_identical"),
+    "hf_dflash.evaluation.bench": ("run_benchmark", "timed_results"),
+}
+# scripts in front of library code: they define nothing, the package does
+THIN_SCRIPTS = ("scripts/build_smollm2_prompts.py",)
 # Each module may import modules of its own layer or of the layers before it, never after.
 LAYERS = (
     ("hf_dflash",) + tuple(f"hf_dflash.{name}" for name in PAYLOAD),
@@ -97,8 +125,8 @@ def test_imports_flow_one_way():
         for imported in own_imports(path):
             if layer_of(imported) > layer_of(module):
                 wrong.append(f"{module} imports {imported}")
-    assert not wrong, "imports against the flow payload <- wheels <- models <- data <- evaluation <- training <- cli: " \
-        + "; ".join(sorted(wrong))
+    flow = "payload <- wheels <- models <- data <- evaluation <- training <- cli"
+    assert not wrong, f"imports against the flow {flow}: " + "; ".join(sorted(wrong))
 
 
 def test_no_import_cycles():
@@ -146,11 +174,15 @@ def test_payload_floors():
 
 
 def test_modules_stay_small():
-    """One concept per module: none of the package's modules grows past MAX_MODULE_LINES lines, and the loop reads
-    as its numbered steps in one screen."""
+    """One concept per module: none of the package's modules grows past MAX_MODULE_LINES lines (but those of
+    OVER_THE_LIMIT), and the loop reads as its numbered steps in one screen."""
     long = {module: n for module, path in package_modules().items()
-            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+            and module not in OVER_THE_LIMIT}
     assert not long, long
+    sizes = {module: len(path.read_text(encoding="utf-8").splitlines()) for module, path in package_modules().items()}
+    stale = [module for module in OVER_THE_LIMIT if sizes.get(module, 0) <= MAX_MODULE_LINES]
+    assert not stale, f"{stale} no longer need their exemption: remove them from OVER_THE_LIMIT"
     source = (PACKAGE / "generation_dflash.py").read_text(encoding="utf-8")
     loop = next(node for node in ast.parse(source).body
                 if isinstance(node, ast.FunctionDef) and node.name == "dflash_decoding")
@@ -167,3 +199,34 @@ def test_tests_import_no_other_test_module():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             wrong += [f"{path.relative_to(tests)} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert not wrong, wrong
+
+
+
+def defined_names(path: Path) -> set[str]:
+    """Names a module defines at top level: functions, classes and assigned names."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_each_concept_lives_in_its_home():
+    modules = package_modules()
+    defined = {module: defined_names(path) for module, path in modules.items()}
+    wrong = [f"{name} is not defined in {home}" for home, names in HOMES.items() for name in names
+             if name not in defined.get(home, set())]
+    wrong += [f"{name} (home: {home}) is defined in {other} too" for home, names in HOMES.items() for name in names
+              for other in sorted(modules) if other != home and name in defined[other]]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("script", THIN_SCRIPTS)
+def test_thin_scripts_define_nothing(script):
+    path = PACKAGE.parent / script
+    defined = [node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    assert not defined, f"{script} defines {defined}: library code belongs in hf_dflash/"

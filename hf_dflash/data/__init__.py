@@ -5,6 +5,8 @@ target's own responses.
 - :mod:`hf_dflash.data.records`: JSON / JSONL / Parquet / ``datasets`` readers, prompts and training samples;
 - :mod:`hf_dflash.data.chat`: the one rule that turns a prompt into the token ids the target sees, and left padding;
 - :mod:`hf_dflash.data.regenerate`: ``hf-dflash regenerate`` (resumable), in-process or on servers;
+- :mod:`hf_dflash.data.arguments`: its arguments and their checks;
+- :mod:`hf_dflash.data.resume`: its output's sidecars, the prompts already done, the same-settings check;
 - :mod:`hf_dflash.data.serving`: the OpenAI-compatible chat-completions client regeneration on servers uses.
 """
 
@@ -18,12 +20,9 @@ from .records import (
     prompt_from_record,
     read_records,
 )
-from .regenerate import (
-    RegenerationArguments,
-    regenerate,
-    response_token_ids,
-    skipped_path,
-)
+from .arguments import RegenerationArguments
+from .regenerate import regenerate, response_token_ids
+from .resume import skipped_path
 
 __all__ = [
     "Prompt",

@@ -5,6 +5,9 @@
   documents, multi-turn, the context sweep) read straight from wheels;
 - :mod:`hf_dflash.evaluation.acceptance`: tau and acceptance by block position from real ``generate`` calls;
 - :mod:`hf_dflash.evaluation.bench`: ``hf-dflash bench`` (methods side by side, resumable);
+- :mod:`hf_dflash.evaluation.methods`: the bench's methods and one timed ``generate`` call;
+- :mod:`hf_dflash.evaluation.progress`: a bench run's progress file (a killed run resumes);
+- :mod:`hf_dflash.evaluation.summaries`: the bench's per-method figures, its check and its JSON report;
 - :mod:`hf_dflash.evaluation.batch`: ``hf-dflash bench --batch-sizes`` (batched throughput);
 - :mod:`hf_dflash.evaluation.machine`: the stamp of a measurement (date, commit, versions, CPU, threads, load);
 - :mod:`hf_dflash.evaluation.report`: Markdown tables and the plot;

@@ -28,7 +28,7 @@ from transformers.utils import logging
 
 from ..data.chat import chat_input_ids
 from ..models import SMOLLM2_ALIASES, pad_token_id
-from .bench import Run, first_difference, timed_generation
+from .methods import Run, first_difference, timed_generation
 from .near_ties import Divergence, first_divergences
 from .prompts import load_eval_prompts
 

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from .bench import first_difference
+from .methods import first_difference
 
 MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10, torch.float64: 52}
 DEFAULT_ULPS = {torch.float32: 1024, torch.bfloat16: 4, torch.float16: 4, torch.float64: 1024}

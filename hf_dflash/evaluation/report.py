@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers.utils import logging
 
-from .bench import METHOD_LABELS
+from .methods import METHOD_LABELS
 
 logger = logging.get_logger(__name__)
 

@@ -4,24 +4,22 @@ built from the real offline wheels, never share a prompt or a source item with t
 are not in the cache (nothing is downloaded); ~30 s, most of it reading ShareGPT and the standard library."""
 
 import glob
-import importlib.util
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from hf_dflash.data import load_prompts
+from hf_dflash.evaluation import training_prompts as builder
 from hf_dflash.evaluation.prompts import (DATASETS, DOCUMENTS, EVAL_SOURCES, WORKLOAD_SOURCES, WheelTexts,
                                           load_eval_prompts, load_eval_records)
 from hf_dflash.wheels import cache_dir, downloaded_wheel, wheel_glob
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_smollm2_prompts.py"
-spec = importlib.util.spec_from_file_location("build_smollm2_prompts", SCRIPT)
-builder = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(builder)
-
 REQUIREMENTS = {source.requirement for source in EVAL_SOURCES.values()} | {builder.SHAREGPT_REQUIREMENT}
 MISSING = sorted(r for r in REQUIREMENTS if not glob.glob(str(cache_dir() / "wheels" / wheel_glob(r))))
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"offline wheels not in the cache: {', '.join(MISSING)}")
@@ -133,3 +131,9 @@ def test_workloads_only_writes_the_same_workload_prompts_and_nothing_else(source
     assert Counter(r["source"] for r in rows["only"]) == {kind: 3 for kind in KINDS}
     key = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
     assert sorted(map(key, rows["only"])) == sorted(key(r) for r in rows["both"] if r["source"] in KINDS)
+
+
+def test_the_script_in_front_takes_the_same_command_line():
+    """scripts/build_smollm2_prompts.py is the library's main: its flags parse there, and a bad pair is refused."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--workloads-only"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--workloads-only needs --workloads N" in done.stderr
