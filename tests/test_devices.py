@@ -4,7 +4,8 @@ present, marked `cuda`; CI runs the cpu variant with the fast suite, scripts/gpu
 
 Greedy output against plain ``generate()`` for chains, the default policy, trees, left-padded batches, DFlare and
 DFlash2 drafters and the pipeline; the exact sampling law (chi-square, with a planted wrong sampler that must be
-rejected); targets and drafters saved and loaded with ``device_map``; a drafter left on the CPU beside the target.
+rejected); targets and drafters saved and loaded with ``device_map``; a drafter left on the CPU beside the target; a
+static cache.
 What "the same output" means on each device (hf_dflash/evaluation/near_ties.py, docs/generation.md "Numerics"):
 fp32 on the CPU, token-identical; bf16 anywhere and fp32 on CUDA (a 16-row and a 1-row forward may run different
 GEMM kernels), identical or first differing at a near-tie of plain's own logits. The rule's own tests plant a fault
@@ -34,6 +35,7 @@ from conftest import (
     randomized,
 )
 from transformers import AutoModelForCausalLM, pipeline
+from transformers.cache_utils import StaticLayer
 
 from hf_dflash import DFlash2DraftModel, DFlashDraftModel, sampling_dflash
 from hf_dflash.evaluation.near_ties import assert_identical_or_near_tie, first_divergences, near_tie_tolerance
@@ -141,6 +143,26 @@ def test_left_padded_batch_matches_plain(device, policy):
         got = target.generate(ids, assistant_model=drafter, dflash_policy=policy, do_sample=False, **kwargs)
     assert_matches_plain(target, got, plain, ids.shape[1], f"batch, policy {policy}: ")
     assert len(drafter.last_stats.row_acceptance_lengths) == 4
+
+
+@pytest.mark.skipif(not hasattr(StaticLayer, "crop"), reason="transformers 5.23: static layers have no crop")
+@pytest.mark.parametrize("call", ["chain", "default policy", "tree", "batch"])
+def test_a_static_cache_matches_plain(device, call):
+    """``cache_implementation="static"`` (plain's and ours, compiling left off: the tier checks tokens, and the
+    compiled paths are the benchmark's): chains, the default policy, trees and a left-padded batch."""
+    target, drafter = device_target("qwen3", device), device_drafter("qwen3", device)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, cache_implementation="static", disable_compile=True)
+    assisted = {"default policy": dict(dflash_policy="cost"), "tree": dict(dflash_tree_budget=8)}.get(call, {})
+    if call == "batch":
+        ids, mask = (t.to(device) for t in left_padded([make_prompt(n, seed=20 + n) for n in (5, 12, 2)]))
+        plain = plain_with_logits(target, ids, attention_mask=mask, pad_token_id=PAD, **kwargs)
+        got = target.generate(ids, assistant_model=drafter, attention_mask=mask, pad_token_id=PAD, do_sample=False,
+                              **kwargs)
+        assert_matches_plain(target, got, plain, ids.shape[1], "static cache, batch: ")
+        return
+    with every_policy_path() if call == "default policy" else contextlib.nullcontext():
+        assert_lossless_on(target, drafter, make_prompt(9, seed=21).to(device), ("random", "oracle"), assisted,
+                           **kwargs)
 
 
 @pytest.mark.parametrize("layout", ["dflare", "dflash2"])
