@@ -18,6 +18,9 @@
 #   STAGE=more scripts/train_smollm2_drafter.sh                 # more data (all 3,008 prompts + 413 of the bench's
 #                                                               # kinds): 1,600 steps on both cores from the continuation
 #   STAGE=again SHIP=1 scripts/train_smollm2_drafter.sh         # a second pass over that data: 3,600 steps, one process
+#   STAGE=gpu: needs a GPU, so not a stage of this script: scripts/gpu_train.sh regenerates and trains on a lent
+#     GPU from the shipped drafter, resumable over calls (docs/training.md, "On a GPU"); its drafter is measured
+#     with benchmarks/heldout_generate_tau.py and shipped as the CPU stages are
 # (STAGE=again LAYERS=2 MAX_STEPS=2400: the same pass at the same CPU time, grown to 2 layers: --grow-layers)
 # Side runs with the measured-best recipe (STAGE=v3, the default):
 #   scripts/train_smollm2_drafter.sh                            # 1,536 prompts, 5,800 CPU-s
