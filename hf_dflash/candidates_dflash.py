@@ -6,6 +6,8 @@ continuation. It proposes only: the decoding loop asks the policy, and hands it 
 Part of the remote-code payload: imports only torch, transformers and sibling modules.
 """
 
+import dataclasses
+
 import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation import logits_process as lp
@@ -13,9 +15,9 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .cache_dflash import cache_argument
 from .checkpoint_dflash import plain_head_rows
-from .checks_dflash import DFlashCallOptions, resolve_call_options
 from .lookup_dflash import prompt_lookup_match
-from .policy_dflash import Draft, most_drafts
+from .options_dflash import DFlashCallOptions, call_options
+from .policy_dflash import Draft, draft_policy
 from .timing_dflash import gemm_friendly_rows
 from .sampling_dflash import choose_drafts, select_tokens
 
@@ -29,15 +31,22 @@ class DFlashCandidateGenerator(CandidateGenerator):
     The drafter always fills its whole block in one forward; verifying fewer drafts (the count the policy chose) makes
     the target's verify forward and the drafter's LM head cheaper. Every count is lossless: only the speed changes.
 
+    It reads the call's `options` (:class:`~options_dflash.DFlashCallOptions`), which the decoding loop passes;
+    transformers' candidate-generator API passes a `generation_config` instead, which is read once to build them.
+
     Example:
         >>> generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())  # doctest: +SKIP
         >>> candidates, scores = generator.get_candidates(input_ids, context_hidden_states=features,
         ...                                               draft=Draft(4))  # doctest: +SKIP
     """
 
-    def __init__(self, drafter, target, generation_config, logits_processor=None,
+    def __init__(self, drafter, target, generation_config=None, logits_processor=None,
                  options: DFlashCallOptions | None = None):
-        self.options = options if options is not None else resolve_call_options(generation_config)
+        if options is None and generation_config is None:
+            raise ValueError("DFlashCandidateGenerator(options=None, generation_config=None): pass the call's "
+                             "options (a DFlashCallOptions) or, as transformers' candidate-generator API does, a "
+                             "GenerationConfig.")
+        self.options = options if options is not None else call_options(generation_config)
         self.drafter = drafter
         # DFlash2: a selector walks the top-K candidates of each position (None: DFlash's per-position choice)
         self.selector = getattr(drafter, "candidate_selector", None)
@@ -51,9 +60,6 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.input_embeddings = own_embeddings or target.get_input_embeddings()
         self.lm_head = own_head or target.get_output_embeddings()
         self.block_size = drafter.config.block_size
-        # a call without the policy's draft (transformers' API alone): num_assistant_tokens drafts, or the whole block
-        self.default_drafts = most_drafts(self.block_size, generation_config.num_assistant_tokens)
-        self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
         self.cache = DynamicCache()
@@ -112,7 +118,9 @@ class DFlashCandidateGenerator(CandidateGenerator):
         length), `context_positions` [b, n] and `anchor_positions` [b] the positions of the context and of the
         anchors, `slot_mask` [b, cache + n] which cache slots hold real tokens (None: all do).
         """
-        draft = draft if draft is not None else Draft(self.default_drafts)
+        if draft is None:  # transformers' API alone: what full blocks verify (num_assistant_tokens, or the block)
+            full = dataclasses.replace(self.options, policy="full")
+            draft = draft_policy(full, None, self.drafter).choose(len(input_ids), input_ids.device)
         if draft.from_lookup:
             return torch.cat([input_ids, input_ids.new_tensor(list(lookup[: draft.count]))[None]], dim=1), None
         if histories is None:
@@ -165,11 +173,11 @@ class DFlashCandidateGenerator(CandidateGenerator):
         hidden = hidden[:, :rows].to(device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype)
         logits = self.draft_logits(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
         if self.selector is None:
-            return choose_drafts(self.logits_processor, histories, logits, self.do_sample)
+            return choose_drafts(self.logits_processor, histories, logits, self.options.do_sample)
         candidate_ids, unary = self.drafter.candidate_scores(logits)
         edges = self.drafter.edge_scores(candidate_ids, unary, hidden[:, 1 : num_drafts + 1], anchors[:, 0])
         return selector_walk(self.logits_processor, histories, candidate_ids, edges.to(anchors.device),
-                             logits.shape[-1], self.do_sample)
+                             logits.shape[-1], self.options.do_sample)
 
     def draft_logits(self, hidden):
         """The target LM head's logits for drafter `hidden` states; with a draft vocabulary, only its tokens get
@@ -187,14 +195,14 @@ def selector_walk(processors, histories: list[torch.Tensor], candidate_ids: torc
                   vocab_size: int, do_sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A DFlash2 drafter's drafts: the path its candidate selector takes, and the scores each draft was chosen from.
 
-    At draft position d (d = 1..k) the row's scores are ``edges[d, i_{d-1}, :]`` on the K candidates ``candidate_ids[d]``
-    (i_0 = 0: at the first position every row of `edges` reads the anchor), -inf on every other token; the call's
-    logits processors then process them as plain ``generate`` would after the row's history and the drafts before d;
-    the draft is the argmax, or a sample of q_d = softmax(processed scores), and i_d its index among the candidates.
-    Returns (drafts [b, k], processed scores [b, k, V]): q_d = softmax(scores[:, d - 1]) is exactly the law the draft
-    at d was drawn from given the drafts before it, which is what speculative sampling needs. Where the processors
-    leave no candidate finite (e.g. all K suppressed), that position keeps its unprocessed scores (the target rejects
-    what it would never produce).
+    At draft position d (d = 1..k) the row's scores are ``edges[d, i_{d-1}, :]`` on the K candidates
+    ``candidate_ids[d]`` (i_0 = 0: at the first position every row of `edges` reads the anchor), -inf on every other
+    token; the call's logits processors then process them as plain ``generate`` would after the row's history and the
+    drafts before d; the draft is the argmax, or a sample of q_d = softmax(processed scores), and i_d its index among
+    the candidates. Returns (drafts [b, k], processed scores [b, k, V]): q_d = softmax(scores[:, d - 1]) is exactly
+    the law the draft at d was drawn from given the drafts before it, which is what speculative sampling needs. Where
+    the processors leave no candidate finite (e.g. all K suppressed), that position keeps its unprocessed scores (the
+    target rejects what it would never produce).
 
     Args:
         histories: each row's committed tokens; candidate_ids: [b, k, K]; edges: [b, k, K, K] (see
@@ -214,7 +222,8 @@ def selector_walk(processors, histories: list[torch.Tensor], candidate_ids: torc
     previous = torch.zeros(batch, dtype=torch.long, device=candidate_ids.device)
     drafts, chosen_from = [], []
     for d in range(k):
-        raw = edges.new_full((batch, vocab_size), float("-inf")).scatter_(1, candidate_ids[:, d], edges[rows, d, previous])
+        raw = edges.new_full((batch, vocab_size), float("-inf"))
+        raw.scatter_(1, candidate_ids[:, d], edges[rows, d, previous])
         scores = raw
         if len(processors):
             so_far = [torch.cat([h, torch.stack(drafts, dim=1)[r].to(h.device)]) if drafts else h

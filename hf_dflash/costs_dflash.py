@@ -138,7 +138,8 @@ def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float
 _COST_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def cost_tables(target) -> dict:
     """{(device, dtype, batch, context bucket): CostTable} measured for `target` in this process (a new, empty dict
-    the first time)."""
+    the first time). Shared by every call on `target`, whichever thread runs it: calls running at once slow each other
+    down, and their measurements say so."""
     return _COST_TABLES.setdefault(target, {})
 
 

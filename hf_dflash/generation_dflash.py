@@ -5,7 +5,9 @@ Part of the remote-code payload (a flat set of sibling ``*_dflash.py`` modules i
 each other); this module is the top: it calls down to the others, none imports it except the modeling module, whose
 import installs the routing.
 
-The steps of :func:`dflash_decoding` (batch 1 shown; in a batch every row keeps what it accepts, see ``_Rows``):
+The steps of :func:`dflash_decoding` (batch 1 shown; in a batch every row keeps what it accepts, see ``Rows``),
+after the call is resolved once into its options (options_dflash.py: the parts below take those, never the generation
+config):
   1. prefill: the target reads the prompt and chooses the first new token alone;
   then, each cycle:
   2. draft: the call's draft policy (policy_dflash.py) chooses how many drafts to verify and from which source; the
@@ -18,8 +20,8 @@ The steps of :func:`dflash_decoding` (batch 1 shown; in a batch every row keeps 
      sampling: speculative sampling (accept with min(1, p/q), resample from norm(max(0, p - q))) (sampling_dflash.py);
   5. commit: append the accepted tokens, stopping where plain ``generate`` would; the target keeps their cache
      slots (the rest is cropped: a static cache's length is rewound; a hybrid target's recurrent states are rewound
-     and re-advanced: cache_dflash.py), the drafter reads their features in the next draft; finished rows retire
-     (rows_dflash.py).
+     by the crop from transformers 5.25 on, restored and re-advanced before: cache_dflash.py), the drafter reads
+     their features in the next draft; finished rows retire (rows_dflash.py).
 Output equals what ``generate()`` would give without the drafter, because every committed token is the target's.
 
 Routing: importing this module wraps ``GenerationMixin.generate`` (argument checks before any work) and
@@ -30,33 +32,26 @@ assistants (small LMs, prompt lookup, early exit) go to transformers untouched. 
 
 import contextlib
 import contextvars
-import dataclasses
 import functools
-import os
+import threading
 import time
+import weakref
 
 import torch
 from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .attention_dflash import grouped_query_attention
 from .cache_dflash import (
     RecurrentStates, cache_argument, cache_capacity, cache_slots, compact_slots, empty_target_cache, free_slots,
     has_sliding_window,
 )
 from .candidates_dflash import DFlashCandidateGenerator
-from .checks_dflash import (
-    DFLASH_GENERATE_KWARGS,
-    DFlashCallOptions,
-    check_acceptance,
-    check_drafter_matches_target,
-    check_generate_call,
-    is_dflash_drafter,
-    resolve_call_options,
-)
-from .policy_dflash import (
-    CostAwarePolicy, Draft, DraftPolicy, FullBlocks, HeuristicSchedule, most_drafts, policy_memory,
-)
+from .checks_dflash import check_drafter_matches_target, check_generate_call, is_dflash_drafter
+from .diagnostics_dflash import check_acceptance
+from .options_dflash import DFLASH_GENERATE_KWARGS, DFlashCallOptions, call_options
+from .policy_dflash import Draft, DraftPolicy, draft_policy
 from .rows_dflash import OutputRecorder, Rows, record, right_padded
 from .sampling_dflash import ProcessorRows, accept, processed_verify_scores, select_tokens
 from .stats_dflash import DFlashStats
@@ -78,24 +73,24 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     """Speculative decoding with a DFlash drafter; ``generate`` calls it in place of ``_assisted_decoding``. Works on
     a left-padded batch: every row keeps all the drafts the target accepts for it (see :class:`Rows`). The numbered
     steps are the module docstring's."""
-    drafter, config, device = assistant_model, generation_config, input_ids.device
-    # the call's settings, with the max_length generate prepared (the routing checked the call before that)
-    options = dataclasses.replace(_call_options.get() or resolve_call_options(config), max_length=config.max_length)
+    drafter, device = assistant_model, input_ids.device
+    # the call resolved once, its generation config read here and nowhere below (the routing checked the call)
+    options = call_options(generation_config, _call_options.get())
     start_time = time.perf_counter()
     stats = drafter.last_stats = DFlashStats(drafter.config.block_size,
                                              row_acceptance_lengths=[[] for _ in input_ids])
-    recorder, do_sample = OutputRecorder(config), bool(config.do_sample)
+    recorder = OutputRecorder(options)
     cache = empty_target_cache(target, model_kwargs, drafter.config.block_size, options.max_length, len(input_ids))
-    forward_kwargs = target_forward_kwargs(target, drafter, cache, config)
-    policy = draft_policy(options, target, drafter, config)
-    generator = DFlashCandidateGenerator(drafter, target, config, logits_processor, options)
+    forward_kwargs = target_forward_kwargs(target, drafter, cache, options)
+    policy = draft_policy(options, target, drafter)
+    generator = DFlashCandidateGenerator(drafter, target, logits_processor=logits_processor, options=options)
     tree = None if options.tree_budget is None else TreeVerifier(
-        target, drafter, forward_kwargs, logits_processor, stopping_criteria, config, options, policy)
+        target, drafter, forward_kwargs, logits_processor, stopping_criteria, options, policy)
 
     # 1. prefill: the target reads the prompts and chooses the first new token alone
     rows = Rows.for_prompts(input_ids, model_kwargs.get("attention_mask"))
-    running = prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, stopping_criteria, do_sample,
-                      recorder, streamer)
+    running = prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, stopping_criteria,
+                      options.do_sample, recorder, streamer)
     stats.prefill_seconds = time.perf_counter() - start_time
     recurrent, sliding = RecurrentStates(cache), has_sliding_window(cache)
 
@@ -121,7 +116,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         processed = processed_verify_scores(logits_processor, rows.histories, drafts, verify.raw)
 
         # 4. accept drafts as the target would have chosen them, then the target's own next token
-        accepted, tokens = accept(drafts, draft_scores, processed, do_sample)
+        accepted, tokens = accept(drafts, draft_scores, processed, options.do_sample)
         if len(rows) > 1 and (recurrent.layers or sliding):
             # Every row commits the batch's shortest acceptance: a recurrent or convolution state cannot skip a
             # rejected slot, and a masked slot would take a place in a sliding window that plain decoding gives a real
@@ -151,20 +146,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     stats.new_tokens = sum(len(h) - input_ids.shape[1] for h in rows.finished)
     stats.total_seconds = time.perf_counter() - start_time
     stats.low_acceptance = check_acceptance(target, drafter, stats)  # one warning per pair when drafts are never taken
-    return generate_output(right_padded(rows.finished, config), recorder, cache, config)
-
-
-def draft_policy(options: DFlashCallOptions, target, drafter, config) -> DraftPolicy:
-    """The call's draft policy: the cost-aware one (it carries what it learned of `drafter` across calls), transformers'
-    heuristic schedule, or the same count every cycle. ``num_assistant_tokens`` caps the count (default: the whole
-    block of ``block_size - 1`` drafts); the heuristic schedule starts there and moves within the whole block."""
-    block = drafter.config.block_size - 1
-    most = most_drafts(drafter.config.block_size, config.num_assistant_tokens)
-    if options.policy == "cost":
-        return CostAwarePolicy(target, most, policy_memory(drafter))
-    if options.policy == "heuristic":
-        return HeuristicSchedule(start=most, most=block)
-    return FullBlocks(most)
+    return generate_output(right_padded(rows.finished, options.pad_token_id), recorder, cache, options)
 
 
 def next_draft(policy: DraftPolicy, generator, rows, cache, trees: bool) -> tuple[Draft, list[int]]:
@@ -205,12 +187,12 @@ def static_room(cache, drafter_cache, rows, block_size: int) -> int | None:
     return free
 
 
-def target_forward_kwargs(target, drafter, cache, config) -> dict:
+def target_forward_kwargs(target, drafter, cache, options: DFlashCallOptions) -> dict:
     """Keyword arguments of every target forward: the cache, and the hidden states the drafter reads (all of them
     when the caller asked for hidden states)."""
-    layers = True if config.output_hidden_states else [i + 1 for i in drafter.config.target_layer_ids]
+    layers = True if options.output_hidden_states else [i + 1 for i in drafter.config.target_layer_ids]
     kwargs = {cache_argument(target): cache, "use_cache": True, "output_hidden_states": layers}
-    if config.output_attentions:
+    if options.output_attentions:
         kwargs["output_attentions"] = True
     return kwargs
 
@@ -269,9 +251,9 @@ def readvance(target, verify: Verification, keep: int, cache, recurrent, forward
     return verify
 
 
-def generate_output(sequences, recorder, cache, config):
+def generate_output(sequences, recorder, cache, options: DFlashCallOptions):
     """What plain ``generate`` returns: the sequences, or a GenerateDecoderOnlyOutput with what was asked for."""
-    if not config.return_dict_in_generate:
+    if not options.return_dict_in_generate:
         return sequences
     return GenerateDecoderOnlyOutput(
         sequences=sequences,
@@ -320,41 +302,38 @@ def _routes(original):
     return wrapper
 
 
-FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' sdpa_attention at each call
-
-
-@contextlib.contextmanager
-def grouped_query_attention(device):
-    """On CPU, SDPA attends with the cached key/value heads as they are, mask or not, for the decoding loop's forwards.
-
-    transformers' SDPA path uses grouped-query attention only for unmasked forwards: a verify of k > 1 rows (masked)
-    first copies every cached key and value once per query head. After a 4K-token prompt that copy made a 2-row verify
-    of SmolLM2-135M cost 2.0 t(1) instead of 1.45 (16 rows: 2.9 instead of 2.3; one CPU thread, torch 2.13), with
-    bitwise identical logits. GPUs keep transformers' rule (a masked grouped-query call may take a slower kernel
-    there), and a value the user set is left alone.
-    """
-    if torch.device(device).type != "cpu" or FORCE_GQA in os.environ:
-        yield
-        return
-    os.environ[FORCE_GQA] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(FORCE_GQA, None)
+# target -> [DFlash calls in flight that lifted its stateful refusal, the instance's own `_is_stateful` before them]
+_LIFTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LIFTED_LOCK = threading.Lock()
+_NOT_SET = object()
 
 
 @contextlib.contextmanager
 def _rewindable_target(target):
-    """transformers refuses assisted generation for stateful (recurrent) targets because its loop cannot bring their
-    state back to the accepted prefix; ours does (:class:`RecurrentStates`), so the refusal is lifted for the call."""
-    if not getattr(target, "_is_stateful", False):
-        yield
-        return
-    target._is_stateful = False
+    """transformers (5.23-5.24) refuses assisted generation for stateful (recurrent) targets because its loop cannot
+    bring their state back to the accepted prefix; ours does (:class:`RecurrentStates`), so the refusal is lifted while
+    DFlash calls run. Calls overlapping on one target (threads) share the lift, counted under a lock: the first lifts
+    it, the last restores it. While lifted, the target's other assisted calls (a small-LM assistant) are not refused
+    either."""
+    with _LIFTED_LOCK:
+        lifted = _LIFTED.get(target)
+        if lifted is None and getattr(target, "_is_stateful", False):
+            lifted = _LIFTED[target] = [0, vars(target).get("_is_stateful", _NOT_SET)]
+            target._is_stateful = False
+        if lifted is not None:
+            lifted[0] += 1
     try:
         yield
     finally:
-        del target._is_stateful
+        if lifted is not None:
+            with _LIFTED_LOCK:
+                lifted[0] -= 1
+                if not lifted[0]:
+                    del _LIFTED[target]
+                    if lifted[1] is _NOT_SET:
+                        del target._is_stateful
+                    else:
+                        target._is_stateful = lifted[1]
 
 
 _ROUTED_METHODS = ("generate", "_assisted_decoding")

@@ -4,7 +4,7 @@ or none: a plain target step).
 
 The decoding loop owns one :class:`DraftPolicy` per ``generate()`` call: it asks :meth:`~DraftPolicy.choose` before
 each cycle and hands it what the cycle measured (costs, acceptance, the lookup on offer); the tree verifier asks it
-for a tree's size. Three policies, chosen by the call's settings:
+for a tree's size. :func:`draft_policy` builds it by name (:data:`POLICIES`: a new policy is its class and one line):
   - :class:`FullBlocks` (``dflash_policy="full"``, or a constant ``num_assistant_tokens``): the same count each cycle;
   - :class:`HeuristicSchedule` (``num_assistant_tokens_schedule="heuristic"``): transformers' +2/-1 rule;
   - :class:`CostAwarePolicy` (the default): the count and source that maximise expected tokens per second, from
@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from .costs_dflash import CostTable, cost_table
+from .options_dflash import DFlashCallOptions
 from .speed_dflash import best_draft_count, chain_speed, decay, rates_by_depth
 from .timing_dflash import gemm_friendly_rows
 
@@ -74,9 +75,9 @@ class DraftPolicy(Protocol):
         """A tree verification: the drafter expected `expected` accepted drafts, the target accepted `accepted`."""
 
 
-class FullBlocks:
+class FullBlocks(DraftPolicy):
     """Every cycle verifies `drafts` drafts of the drafter, and a tree all its nodes: ``dflash_policy="full"`` (the
-    whole block) or transformers' constant ``num_assistant_tokens``. It observes nothing.
+    whole block) or a constant ``num_assistant_tokens``; it observes nothing (the protocol's observers are no-ops).
 
     Example:
         >>> policy = FullBlocks(15)
@@ -90,20 +91,8 @@ class FullBlocks:
     def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
         return Draft(self.most)
 
-    def observe_lookup_offer(self, history, offer, size) -> None:
-        pass
-
-    def observe_costs(self, batch, device, width, target_seconds, draft_seconds=None) -> None:
-        pass
-
-    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
-        pass
-
     def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
         return len(log_probs) - 1
-
-    def observe_tree(self, expected: float, accepted: int) -> None:
-        pass
 
 
 class HeuristicSchedule(FullBlocks):
@@ -142,7 +131,10 @@ _POLICY_MEMORY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def policy_memory(drafter) -> dict:
-    """What the cost-aware policy learned of `drafter`'s acceptance in earlier calls (a dict it keeps up to date)."""
+    """What the cost-aware policy learned of `drafter`'s acceptance in earlier calls (a dict it keeps up to date).
+
+    Shared by every call with `drafter`, whichever thread runs it: each call starts from it and updates it as it goes,
+    without a lock (tokens never depend on it, only the draft counts chosen)."""
     return _POLICY_MEMORY.setdefault(drafter, {})
 
 
@@ -434,3 +426,25 @@ class CostAwarePolicy:
         self.tree_accepted = 0.97 * self.tree_accepted + accepted
         self.observe_acceptance(self.most, [accepted])
 
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the call's policy, by name: options.policy -> the policy of a call (its options, target, drafter, most drafts)
+POLICIES = {
+    "cost": lambda options, target, drafter, most: CostAwarePolicy(target, most, policy_memory(drafter)),
+    "full": lambda options, target, drafter, most: FullBlocks(most),
+    "heuristic": lambda options, target, drafter, most: HeuristicSchedule(most, drafter.config.block_size - 1),
+}
+
+
+def draft_policy(options: DFlashCallOptions, target, drafter) -> DraftPolicy:
+    """The call's draft policy, ``POLICIES[options.policy]``, verifying at most ``num_assistant_tokens`` drafts a
+    cycle (default: the whole block of ``block_size - 1``; the heuristic schedule starts there, within the block).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> drafter = SimpleNamespace(config=SimpleNamespace(block_size=16))
+        >>> draft_policy(DFlashCallOptions(policy="heuristic", num_assistant_tokens=4), None, drafter).choose(1, "cpu")
+        Draft(count=4, from_lookup=False)
+    """
+    most = most_drafts(drafter.config.block_size, options.num_assistant_tokens)
+    return POLICIES[options.policy](options, target, drafter, most)

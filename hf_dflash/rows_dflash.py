@@ -143,14 +143,15 @@ def first_stop(stopping_criteria, history, start: int, scores) -> int | None:
 
 
 class OutputRecorder:
-    """Per-token scores / logits / hidden states / attentions, in the layout plain ``generate`` returns (batch 1)."""
+    """Per-token scores / logits / hidden states / attentions, in the layout plain ``generate`` returns (batch 1), as
+    the call's `options` (:class:`~options_dflash.DFlashCallOptions`) ask for them."""
 
-    def __init__(self, config):
-        self.on = bool(config.return_dict_in_generate)
-        self.scores = () if self.on and config.output_scores else None
-        self.logits = () if self.on and config.output_logits else None
-        self.attentions = () if self.on and config.output_attentions else None
-        self.hidden_states = () if self.on and config.output_hidden_states else None
+    def __init__(self, options):
+        self.on = options.return_dict_in_generate
+        self.scores = () if self.on and options.output_scores else None
+        self.logits = () if self.on and options.output_logits else None
+        self.attentions = () if self.on and options.output_attentions else None
+        self.hidden_states = () if self.on and options.output_hidden_states else None
 
     def add(self, outputs, raw, processed, count: int, prefill: bool, kv_length: int):
         """Record `count` committed tokens whose logits are rows 0..count-1 of raw/processed."""
@@ -177,13 +178,18 @@ def record(recorder: OutputRecorder, streamer, outputs, raw, processed, committe
         streamer.put(committed[0].cpu())
 
 
-def right_padded(histories: list[torch.Tensor], config) -> torch.Tensor:
-    """Finished rows padded with pad_token_id to the longest row, as plain batched generate returns them."""
+def right_padded(histories: list[torch.Tensor], pad_token_id: int | None) -> torch.Tensor:
+    """Finished rows padded with `pad_token_id` to the longest row, as plain batched generate returns them.
+
+    Example:
+        >>> right_padded([torch.tensor([5, 6, 7]), torch.tensor([8])], pad_token_id=0).tolist()
+        [[5, 6, 7], [8, 0, 0]]
+    """
     longest = max(len(h) for h in histories)
     if all(len(h) == longest for h in histories):
         return torch.stack(histories)
-    pad = config._pad_token_tensor
-    if pad is None:
-        raise ValueError("Batched generation with rows of different lengths needs a pad_token_id.")
-    pad = pad.reshape(-1)[:1].to(histories[0])
+    if pad_token_id is None:
+        raise ValueError("Batched generation with rows of different lengths needs a pad_token_id: pass "
+                         "pad_token_id=... (or set the tokenizer's pad token) to generate().")
+    pad = histories[0].new_tensor([pad_token_id])
     return torch.stack([torch.cat([h, pad.expand(longest - len(h))]) for h in histories])

@@ -51,7 +51,7 @@ class DFlashStats:
     drafted_verifications: int = 0
     first_drafts_accepted: int = 0
     # set when the drafts of this drafter with this target are almost never accepted: the measured rate and the likely
-    # causes (also logged, once per pair; see checks_dflash.check_acceptance)
+    # causes (also logged, once per pair; see diagnostics_dflash.check_acceptance)
     low_acceptance: str | None = None
     _lookups_verified: int = field(default=0, repr=False)
 

@@ -310,21 +310,19 @@ class _Committed:
 class TreeVerifier:
     """Steps 3-5 of a DFlash cycle over a tree of drafts (batch 1), for :func:`dflash_decoding`.
 
-    The call's `options` give the most nodes (``tree_budget``) and the n-gram branch (``branch_tokens``); the draft
-    `policy` cuts each tree to the budget it chooses from the node probabilities and is told each tree cycle's costs
-    and acceptance. The drafter's next context comes from ``drafter.target_features``. The call was checked
-    (:func:`~checks_dflash.check_tree_call`) before any work.
+    The call's `options` give the most nodes (``tree_budget``), the n-gram branch (``branch_tokens``) and whether it
+    samples (``do_sample``); the draft `policy` cuts each tree to the budget it chooses from the node probabilities
+    and is told each tree cycle's costs and acceptance. The drafter's next context comes from
+    ``drafter.target_features``. The call was checked (:func:`~checks_dflash.check_tree_call`) before any work.
 
     Example:
         >>> out = target.generate(ids, assistant_model=drafter, dflash_tree_budget=16)  # doctest: +SKIP
     """
 
-    def __init__(self, target, drafter, forward_kwargs, logits_processor, stopping_criteria, generation_config,
-                 options, policy):
+    def __init__(self, target, drafter, forward_kwargs, logits_processor, stopping_criteria, options, policy):
         self.target, self.drafter, self.forward_kwargs = target, drafter, forward_kwargs
         self.options, self.policy = options, policy
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
-        self.do_sample = bool(generation_config.do_sample)
         self.attention = getattr(target.config, "_attn_implementation", "sdpa")
 
     def cycle(self, rows, cache, draft_scores, stats, recorder, streamer, draft_seconds: float) -> list[int]:
@@ -334,7 +332,7 @@ class TreeVerifier:
         device = draft_scores.device
         tic = synchronized_clock(device)
         history = rows.histories[0]
-        tree = build_tree(history[-1], draft_scores[0], self.options.tree_budget, self.do_sample)
+        tree = build_tree(history[-1], draft_scores[0], self.options.tree_budget, self.options.do_sample)
         # the best b-node tree is the first b nodes of the best-first one; its shape never depends on the draws
         chosen = self.policy.tree_budget(tree.log_probs, batch=1, device=device)
         cached = cache_slots(cache)
@@ -343,7 +341,7 @@ class TreeVerifier:
         if free is not None:  # a static cache ends: the anchor, the nodes and the n-gram branch must fit before it
             chosen = max(min(chosen, free - 1 - branch), 0)
         if chosen < len(tree) - 1:
-            tree = build_tree(history[-1], draft_scores[0], chosen, self.do_sample)
+            tree = build_tree(history[-1], draft_scores[0], chosen, self.options.do_sample)
         expected = sum(math.exp(p) for p in tree.log_probs[1:])
         if branch:  # the n-gram branch
             tree.add_branch(prompt_lookup(history, branch, self.options.lookup_ngram))
@@ -361,7 +359,7 @@ class TreeVerifier:
         )
         raw = outputs.logits[0, :n].float()
         processed = tree_scores(self.logits_processor, history, tree, raw)
-        if self.do_sample:
+        if self.options.do_sample:
             path, last = sample_path(tree, draft_scores[0].float().softmax(-1), processed.softmax(-1))
         else:
             path, last = greedy_path(tree, processed)

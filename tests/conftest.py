@@ -47,7 +47,7 @@ settings.register_profile("explore", deadline=None, suppress_health_check=[Healt
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))  # "explore": fresh random examples
 
 VOCAB = 96
-LIBRARY_DEFAULT_POLICY = hf_dflash.checks_dflash.DEFAULT_POLICY
+LIBRARY_DEFAULT_POLICY = hf_dflash.options_dflash.DEFAULT_POLICY
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def full_block_policy(monkeypatch):
     most assert what drafting does (acceptances, proposals, laws of drafted tokens), which the cost-aware default
     would replace by plain steps whenever drafting does not pay. tests/test_policy.py and tests/test_families.py
     test the default policy."""
-    monkeypatch.setattr(hf_dflash.checks_dflash, "DEFAULT_POLICY", "full")
+    monkeypatch.setattr(hf_dflash.options_dflash, "DEFAULT_POLICY", "full")
 
 
 MEASURED_PADDING = hf_dflash.timing_dflash.rows_slower_than_sixteen  # the real measurement (cached per process)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import assert_same, make_drafter, make_prompt, make_target, plain_generate
 
-from hf_dflash.checks_dflash import low_acceptance_causes
+from hf_dflash.diagnostics_dflash import low_acceptance_causes
 
 NEW_TOKENS = 24
 

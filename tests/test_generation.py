@@ -529,26 +529,37 @@ def test_builtin_generation_gives_the_drafter_its_context_cache(qwen3_target):
 def test_verify_forwards_attend_with_grouped_key_value_heads_on_cpu(monkeypatch):
     """During the DFlash loop on CPU, transformers' SDPA keeps grouped key/value heads under a mask (a masked verify
     otherwise copies every cached key and value once per query head: after a 4K-token prompt, a 2-row verify cost 2.0
-    plain steps instead of 1.45, same logits); plain generate and the code after the call see the environment as it
-    was, and a value the user set is kept."""
-    from hf_dflash.generation_dflash import FORCE_GQA
+    plain steps instead of 1.45), with logits bitwise equal to transformers' own TRANSFORMERS_SDPA_FORCE_GQA=1 path;
+    plain generate keeps transformers' rule, the environment is never written, and a value the user set decides."""
+    from hf_dflash.attention_dflash import FORCE_GQA
 
     monkeypatch.delenv(FORCE_GQA, raising=False)
     target = cached_target("qwen3")
     drafter = make_drafter(target)
-    seen = []
-    handle = target.register_forward_hook(lambda *args: seen.append(os.environ.get(FORCE_GQA)))
-    try:
-        prompt = make_prompt(9)
-        plain = plain_generate(target, prompt, max_new_tokens=12)
-        assert set(seen) == {None}
-        seen.clear()
-        ours = target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False)
-        assert set(seen) == {"1"} and FORCE_GQA not in os.environ
-        assert torch.equal(ours, plain)
-        monkeypatch.setenv(FORCE_GQA, "0")
-        seen.clear()
-        target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False)
-        assert set(seen) == {"0"} and os.environ[FORCE_GQA] == "0"
-    finally:
-        handle.remove()
+    prompt, masked = make_prompt(9), []  # enable_gqa of each masked SDPA call
+    padding = torch.ones_like(prompt)
+    padding[0, 0] = 0  # a padded prompt: plain generate's forwards are masked too
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        if kwargs.get("attn_mask") is not None:
+            masked.append(kwargs.get("enable_gqa", False))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    environment = dict(os.environ)
+    plain = plain_generate(target, prompt, attention_mask=padding, max_new_tokens=12)
+    assert masked and not any(masked)
+    masked.clear()
+    logits = {"attention_mask": padding, "max_new_tokens": 12, "do_sample": False, "return_dict_in_generate": True,
+              "output_logits": True}
+    ours = target.generate(prompt, assistant_model=drafter, **logits)
+    assert masked and all(masked) and dict(os.environ) == environment
+    assert torch.equal(ours.sequences, plain)
+    monkeypatch.setenv(FORCE_GQA, "1")  # transformers' own switch: the path this one must equal bit for bit
+    forced = target.generate(prompt, assistant_model=drafter, **logits)
+    assert all(torch.equal(a, b) for a, b in zip(ours.logits, forced.logits, strict=True))
+    monkeypatch.setenv(FORCE_GQA, "0")
+    masked.clear()
+    target.generate(prompt, assistant_model=drafter, attention_mask=padding, max_new_tokens=12, do_sample=False)
+    assert masked and not any(masked) and os.environ[FORCE_GQA] == "0"

@@ -1,7 +1,8 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """The package's layout: imports flow one way (payload <- wheels <- models <- data <- evaluation <- training <- cli),
 there is no import cycle, and the remote-code payload imports only torch, transformers, the standard library and its
-sibling payload modules (a published checkpoint copies those files and nothing else)."""
+sibling payload modules (a published checkpoint copies those files and nothing else); the generation config of a
+call is read by the routing's checks, the loop and the options module only."""
 
 import ast
 import sys
@@ -13,34 +14,40 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_dflash"
 PAYLOAD = (
     "timing_dflash", "costs_dflash", "speed_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
+    "attention_dflash",  # grouped key/value heads in the loop's attention
     # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
-    "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
-    "checks_dflash", "rows_dflash", "hub_dflash", "vocabulary_dflash",
-    "candidates_dflash", "tree_dflash",
+    "options_dflash", "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
+    "diagnostics_dflash", "rows_dflash", "hub_dflash", "vocabulary_dflash",
+    "checks_dflash", "candidates_dflash", "tree_dflash",
     "modeling_dflash", "generation_dflash",
     "configuration_dflash2", "modeling_dflash2",  # DFlash2 drafters
 )
 # The generation side of the payload, bottom up: a module may import siblings of lower floors only.
 FLOORS = (
-    # the one clock and the GEMM-friendly verify widths; measured costs; the arithmetic of expected speed
-    ("timing_dflash", "costs_dflash", "speed_dflash"),
+    # the one clock and the GEMM-friendly verify widths; measured costs; the arithmetic of expected speed; grouped
+    # key/value heads in the loop's attention; the call's options, resolved once (the policies take them)
+    ("timing_dflash", "costs_dflash", "speed_dflash", "attention_dflash", "options_dflash"),
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
-    ("checks_dflash", "rows_dflash", "configuration_dflash2", "hub_dflash", "vocabulary_dflash"),
-    ("candidates_dflash", "tree_dflash"),
+    ("diagnostics_dflash", "rows_dflash", "configuration_dflash2", "hub_dflash", "vocabulary_dflash"),
+    ("checks_dflash", "candidates_dflash", "tree_dflash"),
     ("generation_dflash",),
     ("modeling_dflash",),  # imports the loop module so that loading a drafter installs the routing
     ("modeling_dflash2",),  # a DFlash drafter plus convolutions and a candidate selector
 )
 MAX_MODULE_LINES = 450
 # modules allowed past MAX_MODULE_LINES for now, each with the reason
-OVER_THE_LIMIT = {
-    "hf_dflash.checks_dflash": "pre-call checks and low-acceptance diagnostics, to be split into two modules",
-}
+OVER_THE_LIMIT: dict[str, str] = {}
 # Each concept's one home: the module that defines these names (no other module of the package defines them).
 HOMES = {
+    "hf_dflash.options_dflash": ("DFlashCallOptions", "call_options", "resolve_call_options", "DFLASH_GENERATE_KWARGS",
+                                 "DEFAULT_POLICY"),
     "hf_dflash.policy_dflash": ("Draft", "DraftPolicy", "FullBlocks", "HeuristicSchedule", "CostAwarePolicy",
-                                "most_drafts", "policy_memory"),
+                                "most_drafts", "policy_memory", "POLICIES", "draft_policy"),
+    "hf_dflash.checks_dflash": ("check_generate_call", "check_drafter_matches_target", "check_tree_call",
+                                "check_policy_name"),
+    "hf_dflash.diagnostics_dflash": ("check_acceptance", "low_acceptance_causes", "warn_quantized_drafter",
+                                     "is_quantized"),
     "hf_dflash.speed_dflash": ("decay", "rates_by_depth", "best_draft_count", "chain_speed"),
     "hf_dflash.data.arguments": ("RegenerationArguments", "validate_regeneration_arguments"),
     "hf_dflash.data.resume": ("skipped_path", "meta_path", "done_indices", "check_same_regeneration",
@@ -230,3 +237,36 @@ def test_thin_scripts_define_nothing(script):
     defined = [node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     assert not defined, f"{script} defines {defined}: library code belongs in hf_dflash/"
+
+
+# who may read a call's generation config: the routing's checks (before any work), the loop, and the options module,
+# which resolves it once into the DFlashCallOptions that every part below the loop takes
+CONFIG_READERS = {"hf_dflash.checks_dflash", "hf_dflash.generation_dflash", "hf_dflash.options_dflash"}
+
+
+def test_below_the_loop_no_module_reads_the_generation_config():
+    from transformers import GenerationConfig
+
+    from conftest import cached_target, make_drafter, make_prompt
+
+    readers = set()
+
+    class RecordingConfig(GenerationConfig):
+        """A generation config that notes which hf_dflash module reads each of its attributes."""
+
+        def __getattribute__(self, name):
+            module = sys._getframe(1).f_globals.get("__name__", "")
+            if module.startswith("hf_dflash"):
+                readers.add((module, name))
+            return super().__getattribute__(name)
+
+    target = cached_target("qwen3")
+    drafter = make_drafter(target)
+    calls = [(1, {}, {}), (1, dict(do_sample=True, output_scores=True, return_dict_in_generate=True), {}),
+             (1, {}, dict(dflash_tree_budget=6)), (1, dict(num_assistant_tokens=3), {}), (2, {}, {})]
+    for batch, settings, dflash in calls:
+        config = RecordingConfig(max_new_tokens=10, pad_token_id=0, **settings)
+        target.generate(make_prompt(6).expand(batch, -1), generation_config=config, assistant_model=drafter, **dflash)
+    wrong = sorted((module, name) for module, name in readers if module not in CONFIG_READERS)
+    assert not wrong, f"read below the loop (take it from DFlashCallOptions instead): {wrong}"
+    assert any(module == "hf_dflash.options_dflash" for module, _ in readers)  # the recording works

@@ -13,7 +13,7 @@ import torch
 from conftest import drafts_for, make_drafter, make_prompt, make_target, plain_generate, recorded_drafts
 
 from hf_dflash import DFlashDraftModel
-from hf_dflash.checks_dflash import low_acceptance_causes
+from hf_dflash.diagnostics_dflash import low_acceptance_causes
 from hf_dflash.stats_dflash import ALMOST_NEVER, AcceptanceEvidence
 
 NEW_TOKENS = 48  # a full-block call of an untrained drafter verifies ~46 first drafts: two calls are enough (>= 57)

@@ -20,7 +20,7 @@ import hf_dflash.costs_dflash
 import hf_dflash.timing_dflash
 from hf_dflash import generation_dflash
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
-from hf_dflash.checks_dflash import DFlashCallOptions
+from hf_dflash.options_dflash import DFlashCallOptions
 from hf_dflash.costs_dflash import CostTable, cost_table, cost_tables
 from hf_dflash.policy_dflash import CostAwarePolicy, Draft, DraftPolicy, FullBlocks, HeuristicSchedule
 from hf_dflash.timing_dflash import gemm_friendly_rows
