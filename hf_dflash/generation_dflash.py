@@ -122,7 +122,6 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             # rejected slot, and a masked slot would take a place in a sliding window that plain decoding gives a real
             # token. Each row's first shortest-acceptance + 1 tokens are target tokens, so this stays exact.
             accepted = accepted.clamp(max=int(accepted.min()))
-        stats.verify_seconds += synchronized_clock(device) - drafted
         stats.add_verification(rows.ids, accepted, num_drafts=drafts.shape[1])
         if not draft.from_lookup:  # lookups are rated from every cycle's offer, verified or not
             policy.observe_acceptance(drafts.shape[1], accepted.tolist())
@@ -137,9 +136,10 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             verify.positions[:, : verify.width], cache, verify.cached, stopping_criteria, drafter_read=drafter_ran,
         )
         record(recorder, streamer, verify.outputs, verify.raw, processed, committed, verify.cached)
-        # the target's share of the cycle, commit included (a plain step pays it too)
-        policy.observe_costs(len(rows), device, verify.padded_width, synchronized_clock(device) - drafted,
-                             draft_seconds)
+        # the target's share of the cycle, commit included (a plain step pays it too): one span for stats and costs
+        target_seconds = synchronized_clock(device) - drafted
+        stats.verify_seconds += target_seconds
+        policy.observe_costs(len(rows), device, verify.padded_width, target_seconds, draft_seconds)
 
     if streamer is not None:
         streamer.end()

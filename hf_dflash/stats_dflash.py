@@ -27,7 +27,9 @@ class DFlashStats:
     mean is the paper's tau; ``drafts_per_cycle`` how many drafts each cycle verified (0: a plain target step, which
     the cost-aware policy takes when speculation does not pay), ``lookup_cycles`` how many of those cycles verified
     prompt-lookup drafts instead of the drafter's. Times are wall-clock seconds, the device
-    synchronised around each timed step (so CUDA times are the work's, not its launch's).
+    synchronised around each timed step (so CUDA times are the work's, not its launch's); ``verify_seconds`` is the
+    target's share of the cycles (its forward, the acceptance and the commit, for chains and trees alike: the span
+    the draft policy's cost table learns from).
 
     Example:
         >>> stats = DFlashStats(block_size=4, row_acceptance_lengths=[[]])

@@ -363,8 +363,6 @@ class TreeVerifier:
             path, last = sample_path(tree, draft_scores[0].float().softmax(-1), processed.softmax(-1))
         else:
             path, last = greedy_path(tree, processed)
-        seconds = synchronized_clock(device) - tic
-        stats.verify_seconds += seconds
 
         kept = torch.tensor([0] + path, device=ids.device)
         rest = torch.tensor([i for i in range(width) if i not in set(kept.tolist())], dtype=torch.long,
@@ -380,6 +378,8 @@ class TreeVerifier:
         )
         record(recorder, streamer, _Committed(outputs, kept, cached), raw[kept][None], processed[kept][None],
                committed, cached)
+        seconds = synchronized_clock(device) - tic  # the target's share, commit included, as a chain cycle's
+        stats.verify_seconds += seconds
         self.policy.observe_costs(1, device, width, seconds, draft_seconds)
         self.policy.observe_tree(expected, len(path))
         return running
