@@ -77,8 +77,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     # the call resolved once, its generation config read here and nowhere below (the routing checked the call)
     options = call_options(generation_config, _call_options.get())
     start_time = time.perf_counter()
-    stats = drafter.last_stats = DFlashStats(drafter.config.block_size,
-                                             row_acceptance_lengths=[[] for _ in input_ids])
+    stats = DFlashStats(drafter.config.block_size, row_acceptance_lengths=[[] for _ in input_ids])
     recorder = OutputRecorder(options)
     cache = empty_target_cache(target, model_kwargs, drafter.config.block_size, options.max_length, len(input_ids))
     forward_kwargs = target_forward_kwargs(target, drafter, cache, options)
@@ -146,6 +145,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     stats.new_tokens = sum(len(h) - input_ids.shape[1] for h in rows.finished)
     stats.total_seconds = time.perf_counter() - start_time
     stats.low_acceptance = check_acceptance(target, drafter, stats)  # one warning per pair when drafts are never taken
+    drafter.last_stats = stats  # when the call ends: with a drafter shared by threads, the last call to finish wins
     return generate_output(right_padded(rows.finished, options.pad_token_id), recorder, cache, options)
 
 
