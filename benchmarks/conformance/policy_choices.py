@@ -13,8 +13,8 @@ that only moves code (a refactor of the policy, the loop or the tree) must leave
         before.json after.json
 
 Methods: full blocks, transformers' heuristic schedule, the cost-aware default (with its prompt lookups; with CPU
-costs, where this drafter seldom pays, and with a verify as cheap as a step, where it does), trees of
-16 under full blocks and under the default, and full blocks and the default sampled (seeded). Prompts: 2 each of MT-Bench, GSM8K,
+costs, where this drafter seldom pays, and with a verify as cheap as a step, where it does), trees of 16 under full
+blocks and under the default, and full blocks and the default sampled (seeded). Prompts: 2 each of MT-Bench, GSM8K,
 HumanEval and the code-edit workload, 48 new tokens, one thread, fp32.
 """
 
@@ -51,12 +51,8 @@ COSTS = {"cpu": ({1: 0.0100, 2: 0.0145, 4: 0.0160, 8: 0.0180, 16: 0.0220}, 0.006
 def freeze_costs(target, costs_name: str) -> None:
     """Install COSTS[costs_name] as the target's table for short prompts, stop every update, fix the row padding
     (none)."""
-    from hf_dflash import policy_dflash
+    from hf_dflash import costs_dflash as costs
 
-    if hasattr(policy_dflash, "cost_tables"):  # the cost tables' home before costs_dflash.py
-        costs = policy_dflash
-    else:
-        from hf_dflash import costs_dflash as costs
     verify, draft = COSTS[costs_name]
     table = costs.CostTable()
     for _ in range(table.WINDOW):  # full windows: no width is ever due for a re-measurement (none would come)
@@ -67,9 +63,7 @@ def freeze_costs(target, costs_name: str) -> None:
     table.observe_draft = lambda seconds: None
     for bucket in range(4):
         costs.cost_tables(target)[("cpu", str(target.dtype), 1, bucket)] = table
-    for module in ("timing_dflash", "policy_dflash"):
-        if hasattr(getattr(hf_dflash, module, None), "rows_slower_than_sixteen"):
-            getattr(hf_dflash, module).rows_slower_than_sixteen = lambda: frozenset()
+    hf_dflash.timing_dflash.rows_slower_than_sixteen = lambda: frozenset()
 
 
 def fingerprint(target, drafter, prompts: list[torch.Tensor], settings: dict, max_new_tokens: int) -> dict:
