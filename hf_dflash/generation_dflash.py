@@ -230,8 +230,8 @@ def verify_block(target, rows, candidates, cache, forward_kwargs, recurrent) -> 
     states are saved first."""
     width, cached = candidates.shape[1], cache_slots(cache)
     free = free_slots(cache, cached or 0)
-    if not recurrent and (free is None or gemm_friendly_rows(width, candidates.device, len(rows)) <= free):
-        width = gemm_friendly_rows(width, candidates.device, len(rows))
+    if not recurrent:
+        width = gemm_friendly_rows(width, candidates.device, len(rows), most=free)
     ids, positions, mask = rows.verify_inputs(candidates, width)
     if recurrent and not recurrent.crop_rewinds:
         recurrent.save()

@@ -25,9 +25,10 @@ def synchronized_clock(device) -> float:
     return time.perf_counter()
 
 
-def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
+def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1, most: int | None = None) -> int:
     """`rows` rounded up to 16 where this CPU's fp32 GEMM runs 16 rows faster than `rows` (see
-    :func:`rows_slower_than_sixteen`); unchanged elsewhere, on GPUs and in batches.
+    :func:`rows_slower_than_sixteen`) and 16 rows fit in `most` (a static cache's free slots; None: no end);
+    unchanged elsewhere, on GPUs and in batches.
 
     Example:
         >>> cpu = torch.device("cpu")
@@ -35,7 +36,7 @@ def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1) -> int:
         (8, 9, 9)
     """
     padded = device.type == "cpu" and batch == 1 and 9 <= rows < 16 and rows in rows_slower_than_sixteen()
-    return 16 if padded else rows
+    return 16 if padded and (most is None or most >= 16) else rows
 
 
 @functools.cache

@@ -346,8 +346,7 @@ class TreeVerifier:
         if branch:  # the n-gram branch
             tree.add_branch(prompt_lookup(history, branch, self.options.lookup_ngram))
         n = len(tree)
-        width = gemm_friendly_rows(n, device)
-        width = n if free is not None and width > free else width
+        width = gemm_friendly_rows(n, device, most=free)
         ids = torch.cat([tree.tokens, tree.tokens[:1].expand(width - n)])[None]
         depths = torch.tensor(tree.depths + [0] * (width - n), device=ids.device)
         positions = rows.anchor_positions[:, None] + depths[None]
