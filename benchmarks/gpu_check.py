@@ -70,6 +70,7 @@ from hf_dflash.cache_dflash import cache_argument
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 from hf_dflash.evaluation.bench import ForwardCounter, first_difference
 from hf_dflash.evaluation.machine import load_average, run_stamp
+from hf_dflash.evaluation.near_ties import logit_ulp
 from hf_dflash.timing_dflash import synchronized_clock
 
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -174,22 +175,12 @@ def make_peaked(target, seed: int = 3) -> dict:
             "vocabulary", "top_logit_target": TOP_LOGIT}
 
 
-def bf16_step(value: float) -> float:
-    """The spacing of bf16 numbers around `value` (8 significant bits).
-
-    Example:
-        >>> bf16_step(20.0), bf16_step(0.0)
-        (0.125, 0.0)
-    """
-    return 2.0 ** (math.floor(math.log2(abs(value))) - 7) if value else 0.0
-
-
 def logit_margins(logits: list[torch.Tensor]) -> dict:
     """Top-2 gaps of plain's steps (its ``output_logits``): the fraction that are near-ties in bf16 (gap within
     NEAR_TIE_STEPS bf16 steps of the top logit), the smallest gap, medians."""
     tops = torch.cat([step.float() for step in logits]).topk(2, dim=-1).values  # [steps, 2]
     gaps = (tops[:, 0] - tops[:, 1]).tolist()
-    steps = [gap / (bf16_step(top) or 1.0) for gap, top in zip(gaps, tops[:, 0].tolist())]
+    steps = [gap / logit_ulp(top, torch.bfloat16) for gap, top in zip(gaps, tops[:, 0].tolist())]
     return {"steps": len(gaps), "near_tie_fraction": sum(s <= NEAR_TIE_STEPS for s in steps) / max(1, len(steps)),
             "min_gap": min(gaps), "median_gap": statistics.median(gaps),
             "median_top_logit": statistics.median(tops[:, 0].tolist()), "min_gap_in_bf16_steps": min(steps)}
@@ -208,7 +199,7 @@ def difference_at(logits: list[torch.Tensor], got: list[int], reference: list[in
     top2 = step.topk(2).indices.tolist()
     gap, are_top2 = float(step[plain] - step[taken]), sorted(top2) == sorted([taken, plain])
     return {"index": at, "tokens": [taken, plain], "gap": gap, "are_top2": are_top2,
-            "near_tie": are_top2 and gap <= NEAR_TIE_STEPS * bf16_step(float(step[plain]))}
+            "near_tie": are_top2 and gap <= NEAR_TIE_STEPS * logit_ulp(float(step[plain]), torch.bfloat16)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
