@@ -7,7 +7,7 @@
 #   OUT=... GPU_SMOLLM2_DEVICE=cpu bash scripts/gpu_smollm2.sh 150     # a smoke run of the plumbing on a CPU machine
 #
 # 1. `hf-dflash demo --device cuda` with hub kernels left to transformers' default (the offline load must work);
-# 2. chain tau on the 11 prompts of benchmarks/heldout_generate_tau.py, fp32 and bf16 (CPU: 1.517 in fp32);
+# 2. chain tau on the 11 prompts of benchmarks/heldout_generate_tau.py, fp32 and bf16 (CPU: training_info.json);
 # 3. `hf-dflash bench --device cuda` on HumanEval, GSM8K and MT-Bench (2 prompts each, 64 tokens), fp32 and bf16:
 #    plain, prompt lookup, transformers' built-in DFlash, full blocks and the default policy, identity checked.
 # Every step runs whatever the earlier ones did; smollm2.json holds each one's exit code and result.
@@ -48,7 +48,8 @@ done
 "$PYTHON" - "$SCRATCH" "$OUT/smollm2.json" <<'EOF'
 import json, pathlib, sys
 scratch, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-report = {"cpu_tau_fp32": 1.517, "steps": {}}
+shipped = json.loads(pathlib.Path("hf_dflash/assets/smollm2-dflash/training_info.json").read_text())
+report = {"cpu_tau_fp32": shipped["tau"], "steps": {}}  # the shipped drafter's one tau, on the same 11 prompts
 for rc in sorted(scratch.glob("*.rc")):
     name = rc.stem
     result = scratch / f"{name}.json"
