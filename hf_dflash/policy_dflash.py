@@ -4,7 +4,8 @@ or none: a plain target step).
 
 The decoding loop owns one :class:`DraftPolicy` per ``generate()`` call: it asks :meth:`~DraftPolicy.choose` before
 each cycle and hands it what the cycle measured (costs, acceptance, the lookup on offer); the tree verifier asks it
-for a tree's size. :func:`draft_policy` builds it by name (:data:`POLICIES`: a new policy is its class and one line):
+for a tree's size (the interface and the two fixed schedules are schedules_dflash.py's). :func:`draft_policy` builds
+it by name (:data:`POLICIES`: a new policy is its class and one line):
   - :class:`FullBlocks` (``dflash_policy="full"``, or a constant ``num_assistant_tokens``): the same count each cycle;
   - :class:`HeuristicSchedule` (``num_assistant_tokens_schedule="heuristic"``): transformers' +2/-1 rule;
   - :class:`CostAwarePolicy` (the default): the count and source that maximise expected tokens per second, from
@@ -19,109 +20,15 @@ import copy
 import functools
 import math
 import weakref
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 
 from .costs_dflash import CostTable, cost_table
 from .options_dflash import DFlashCallOptions
+from .schedules_dflash import Draft, DraftPolicy, FullBlocks, HeuristicSchedule, most_drafts
 from .speed_dflash import best_draft_count, chain_speed, decay, rates_by_depth
 from .timing_dflash import gemm_friendly_rows
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the interface, and the two fixed schedules
-class Draft(NamedTuple):
-    """One cycle's choice: verify `count` drafts (0: a plain target step), from the prompt lookup or the drafter."""
-
-    count: int
-    from_lookup: bool = False
-
-
-def most_drafts(block_size: int, num_assistant_tokens: int | None) -> int:
-    """The most drafts a cycle verifies: ``num_assistant_tokens`` when set, never more than the drafter's block holds
-    (``block_size - 1``: the anchor takes the block's first slot)."""
-    block = block_size - 1
-    return min(block, num_assistant_tokens or block)
-
-
-class DraftPolicy(Protocol):
-    """What the decoding loop and the tree verifier ask of a draft policy, and what they tell it.
-
-    `most` is the most drafts a cycle verifies (a tree is built from that many block positions).
-    """
-
-    most: int
-
-    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
-        """The next cycle's draft: `lookup_length` tokens of prompt-lookup continuation are on offer (0: none), found
-        by an n-gram of `lookup_size` tokens; `context` tokens of text so far (the longest row)."""
-
-    def observe_lookup_offer(self, history: torch.Tensor, offer: list[int], size: int) -> None:
-        """This cycle's lookup offer (batch size 1), verified or not, after the committed text `history`."""
-
-    def observe_costs(self, batch: int, device, width: int, target_seconds: float,
-                      draft_seconds: float | None = None) -> None:
-        """A cycle's measured seconds: the target's verify of `width` rows, the drafter's forward (None: none ran)."""
-
-    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
-        """A verification of `num_drafts` drafter drafts per row; `accepted`: the drafts each row accepted."""
-
-    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
-        """Drafts to verify from a best-first tree whose nodes have the drafter's path log-probabilities
-        `log_probs` (node 0: the anchor)."""
-
-    def observe_tree(self, expected: float, accepted: int) -> None:
-        """A tree verification: the drafter expected `expected` accepted drafts, the target accepted `accepted`."""
-
-
-class FullBlocks(DraftPolicy):
-    """Every cycle verifies `drafts` drafts of the drafter, and a tree all its nodes: ``dflash_policy="full"`` (the
-    whole block) or a constant ``num_assistant_tokens``; it observes nothing (the protocol's observers are no-ops).
-
-    Example:
-        >>> policy = FullBlocks(15)
-        >>> policy.choose(1, "cpu"), policy.tree_budget([0.0, -0.1, -0.5], 1, "cpu")
-        (Draft(count=15, from_lookup=False), 2)
-    """
-
-    def __init__(self, drafts: int):
-        self.most = drafts
-
-    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
-        return Draft(self.most)
-
-    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
-        return len(log_probs) - 1
-
-
-class HeuristicSchedule(FullBlocks):
-    """transformers' ``num_assistant_tokens_schedule="heuristic"`` (or ``"heuristic_transient"``: the same, as a
-    policy lives for one call): start at `start` drafts; +2 after a cycle where every row accepted every draft, -1
-    otherwise, within [1, `most`].
-
-    Example:
-        >>> schedule = HeuristicSchedule(start=5, most=15)
-        >>> schedule.observe_acceptance(5, [5]); schedule.choose(1, "cpu").count
-        7
-        >>> schedule.observe_acceptance(7, [7, 2]); schedule.choose(2, "cpu").count  # one row fell short
-        6
-    """
-
-    def __init__(self, start: int, most: int):
-        super().__init__(most)
-        self.drafts = start
-
-    def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
-        return Draft(self.drafts)
-
-    def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
-        if num_drafts == 0:
-            return
-        if all(n == num_drafts for n in accepted):
-            self.drafts = min(self.most, self.drafts + 2)
-        else:
-            self.drafts = max(1, self.drafts - 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

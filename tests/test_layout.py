@@ -16,7 +16,7 @@ PAYLOAD = (
     "timing_dflash", "costs_dflash", "speed_dflash", "configuration_dflash", "model_card", "checkpoint_dflash",
     "attention_dflash",  # grouped key/value heads in the loop's attention
     # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
-    "options_dflash", "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
+    "options_dflash", "schedules_dflash", "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
     "diagnostics_dflash", "rows_dflash", "hub_dflash", "vocabulary_dflash",
     "checks_dflash", "candidates_dflash", "tree_dflash",
     "modeling_dflash", "generation_dflash",
@@ -26,7 +26,7 @@ PAYLOAD = (
 FLOORS = (
     # the one clock and the GEMM-friendly verify widths; measured costs; the arithmetic of expected speed; grouped
     # key/value heads in the loop's attention; the call's options, resolved once (the policies take them)
-    ("timing_dflash", "costs_dflash", "speed_dflash", "attention_dflash", "options_dflash"),
+    ("timing_dflash", "costs_dflash", "speed_dflash", "attention_dflash", "options_dflash", "schedules_dflash"),
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
     ("diagnostics_dflash", "rows_dflash", "configuration_dflash2", "hub_dflash", "vocabulary_dflash"),
@@ -42,8 +42,8 @@ OVER_THE_LIMIT: dict[str, str] = {}
 HOMES = {
     "hf_dflash.options_dflash": ("DFlashCallOptions", "call_options", "resolve_call_options", "DFLASH_GENERATE_KWARGS",
                                  "DEFAULT_POLICY"),
-    "hf_dflash.policy_dflash": ("Draft", "DraftPolicy", "FullBlocks", "HeuristicSchedule", "CostAwarePolicy",
-                                "most_drafts", "policy_memory", "POLICIES", "draft_policy"),
+    "hf_dflash.schedules_dflash": ("Draft", "DraftPolicy", "FullBlocks", "HeuristicSchedule", "most_drafts"),
+    "hf_dflash.policy_dflash": ("CostAwarePolicy", "policy_memory", "POLICIES", "draft_policy"),
     "hf_dflash.checks_dflash": ("check_generate_call", "check_drafter_matches_target", "check_tree_call",
                                 "check_policy_name"),
     "hf_dflash.diagnostics_dflash": ("check_acceptance", "low_acceptance_causes", "warn_quantized_drafter",
