@@ -234,11 +234,14 @@ def records_recurrent_history(cache) -> bool:
     return hasattr(cache, "get_recurrent_states_to_keep")
 
 
-def empty_target_cache(target, model_kwargs: dict, block_size: int, max_length: int | None = None, batch: int = 1):
+def empty_target_cache(target, model_kwargs: dict, block_size: int, max_length: int | None = None, batch: int = 1,
+                       static: bool = False):
     """The caller's cache (which must be empty) or a new DynamicCache, recording its past so that sliding-window
     layers, and from transformers 5.25 on the recurrent states of a verify block of up to `block_size` tokens, can
     be cropped back. A static cache (``cache_implementation="static"``, or a StaticCache passed in) is checked
-    (:func:`check_static_cache`); one that ``generate`` made too short for a batch is made again longer."""
+    (:func:`check_static_cache`); one that ``generate`` made too short for a batch is made again longer. `static`
+    (captured forwards want one): a dynamic cache ``generate`` made becomes a static one where the target's layers
+    allow it (not sliding-window or recurrent ones: those stay dynamic, and eager)."""
     cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))  # `cache` from transformers 5.24 on
     if cache is None:
         cache = DynamicCache(config=target.config)
@@ -246,8 +249,13 @@ def empty_target_cache(target, model_kwargs: dict, block_size: int, max_length: 
         raise ValueError("A pre-filled past_key_values is not supported with a DFlash drafter; pass the full prompt.")
     needed, capacity = static_slots_needed(max_length, batch, block_size), cache_capacity(cache)
     made_by_generate = not getattr(cache, "_is_user_defined", False)
-    if capacity is not None and needed is not None and capacity < needed and made_by_generate:
-        cache = cache_utils.StaticCache(config=target.config.get_text_config(decoder=True), max_cache_len=needed)
+    too_short = capacity is not None and needed is not None and capacity < needed
+    made_static = capacity is None and needed is not None and static and static_serves(target)
+    if made_by_generate and (too_short or made_static):
+        # a static cache made here is rounded up: captured forwards compile one graph per cache length, so calls of
+        # other lengths share them
+        length = max(256, 1 << (needed - 1).bit_length()) if made_static else needed
+        cache = cache_utils.StaticCache(config=target.config.get_text_config(decoder=True), max_cache_len=length)
     check_static_cache(cache, needed)
     if records_recurrent_history(cache):
         cache.activate_past_recording(recurrent_states_to_keep=block_size)
@@ -268,6 +276,16 @@ def static_slots_needed(max_length: int | None, batch: int, block_size: int) -> 
     if max_length is None:
         return None
     return max_length - 1 + (block_size if batch > 1 else 0)
+
+
+def static_serves(target) -> bool:
+    """Whether a static cache can serve `target` with a DFlash drafter (:func:`check_static_cache` passes)."""
+    try:
+        check_static_cache(cache_utils.StaticCache(config=target.config.get_text_config(decoder=True),
+                                                   max_cache_len=1), None)
+    except ValueError:
+        return False
+    return True
 
 
 def check_static_cache(cache, needed: int | None) -> None:

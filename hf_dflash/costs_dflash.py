@@ -137,9 +137,9 @@ def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float
 # could)
 _COST_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def cost_tables(target) -> dict:
-    """{(device, dtype, batch, context bucket): CostTable} measured for `target` in this process (a new, empty dict
-    the first time). Shared by every call on `target`, whichever thread runs it: calls running at once slow each other
-    down, and their measurements say so."""
+    """{(device, dtype, batch, context bucket[, "captured"]): CostTable} measured for `target` in this process (a new,
+    empty dict the first time; captured forwards have their own tables). Shared by every call on `target`, whichever
+    thread runs it: calls running at once slow each other down, and their measurements say so."""
     return _COST_TABLES.setdefault(target, {})
 
 
@@ -161,7 +161,8 @@ def context_bucket(tokens: int) -> int:
     return (tokens // 1024).bit_length()
 
 
-def cost_table(target, device, batch: int, context: int = 0) -> CostTable:
-    """The :class:`CostTable` of `target` on `device` at batch size `batch` with about `context` tokens cached."""
-    key = (str(device), str(target.dtype), batch, context_bucket(context))
+def cost_table(target, device, batch: int, context: int = 0, captured: bool = False) -> CostTable:
+    """The :class:`CostTable` of `target` on `device` at batch size `batch` with about `context` tokens cached, for
+    its eager forwards or its `captured` ones (compiled: capture_dflash.py)."""
+    key = (str(device), str(target.dtype), batch, context_bucket(context)) + (("captured",) if captured else ())
     return cost_tables(target).setdefault(key, CostTable())

@@ -48,6 +48,7 @@ from .cache_dflash import (
     has_sliding_window,
 )
 from .candidates_dflash import DFlashCandidateGenerator
+from .capture_dflash import CapturedVerify, capture_requested, compile_settings, eager_reason
 from .checks_dflash import check_drafter_matches_target, check_generate_call, is_dflash_drafter
 from .diagnostics_dflash import check_acceptance
 from .options_dflash import DFLASH_GENERATE_KWARGS, DFlashCallOptions, call_options
@@ -55,7 +56,7 @@ from .policy_dflash import Draft, DraftPolicy, draft_policy
 from .rows_dflash import OutputRecorder, Rows, record, right_padded
 from .sampling_dflash import ProcessorRows, accept, processed_verify_scores, select_tokens
 from .stats_dflash import DFlashStats
-from .timing_dflash import gemm_friendly_rows, synchronized_clock
+from .timing_dflash import synchronized_clock, verify_rows
 from .tree_dflash import TreeVerifier
 
 
@@ -79,12 +80,10 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     start_time = time.perf_counter()
     stats = DFlashStats(drafter.config.block_size, row_acceptance_lengths=[[] for _ in input_ids])
     recorder = OutputRecorder(options)
-    cache = empty_target_cache(target, model_kwargs, drafter.config.block_size, options.max_length, len(input_ids))
+    cache = empty_target_cache(target, model_kwargs, drafter.config.block_size, options.max_length, len(input_ids),
+                               static=capture_requested(options, device))
     forward_kwargs = target_forward_kwargs(target, drafter, cache, options)
-    policy = draft_policy(options, target, drafter)
     generator = DFlashCandidateGenerator(drafter, target, logits_processor=logits_processor, options=options)
-    tree = None if options.tree_budget is None else TreeVerifier(
-        target, drafter, forward_kwargs, logits_processor, stopping_criteria, options, policy)
 
     # 1. prefill: the target reads the prompts and chooses the first new token alone
     rows = Rows.for_prompts(input_ids, model_kwargs.get("attention_mask"))
@@ -92,6 +91,10 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
                       options.do_sample, recorder, streamer)
     stats.prefill_seconds = time.perf_counter() - start_time
     recurrent, sliding = RecurrentStates(cache), has_sliding_window(cache)
+    captured = captured_verify(target, drafter, options, cache, len(rows), bool(recurrent), stats)
+    policy = draft_policy(options, target, drafter, captured=() if captured is None else captured.widths)
+    tree = None if options.tree_budget is None else TreeVerifier(
+        target, drafter, forward_kwargs, logits_processor, stopping_criteria, options, policy)
 
     while rows.retire(running, cache, generator.cache, ProcessorRows(logits_processor)):
         # 2. draft: the policy chooses the source and count, the generator proposes them (none: a plain step)
@@ -111,16 +114,12 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             continue
 
         # 3. verify the candidates in one target forward
-        verify = verify_block(target, rows, candidates, cache, forward_kwargs, recurrent)
+        verify = verify_block(target, rows, candidates, cache, forward_kwargs, recurrent, captured)
         processed = processed_verify_scores(logits_processor, rows.histories, drafts, verify.raw)
 
         # 4. accept drafts as the target would have chosen them, then the target's own next token
         accepted, tokens = accept(drafts, draft_scores, processed, options.do_sample)
-        if len(rows) > 1 and (recurrent.layers or sliding):
-            # Every row commits the batch's shortest acceptance: a recurrent or convolution state cannot skip a
-            # rejected slot, and a masked slot would take a place in a sliding window that plain decoding gives a real
-            # token. Each row's first shortest-acceptance + 1 tokens are target tokens, so this stays exact.
-            accepted = accepted.clamp(max=int(accepted.min()))
+        accepted = committed_acceptance(accepted, len(rows) > 1 and (recurrent.layers or sliding))
         stats.add_verification(rows.ids, accepted, num_drafts=drafts.shape[1])
         if not draft.from_lookup:  # lookups are rated from every cycle's offer, verified or not
             policy.observe_acceptance(drafts.shape[1], accepted.tolist())
@@ -138,7 +137,8 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         # the target's share of the cycle, commit included (a plain step pays it too): one span for stats and costs
         target_seconds = synchronized_clock(device) - drafted
         stats.verify_seconds += target_seconds
-        policy.observe_costs(len(rows), device, verify.padded_width, target_seconds, draft_seconds)
+        if not verify.compiled:  # a compile's seconds are not the forward's cost
+            policy.observe_costs(len(rows), device, verify.padded_width, target_seconds, draft_seconds)
 
     if streamer is not None:
         streamer.end()
@@ -218,25 +218,53 @@ class Verification:
     the inputs it ran on (`ids`, `positions`, `mask`), the slots the cache held before it (`cached`), the rows it
     verified (`padded_width`: padded to a GEMM-friendly count on CPU) and the rows whose slots are kept (`width`)."""
 
-    def __init__(self, outputs, candidates, ids, positions, mask, cached):
+    def __init__(self, outputs, candidates, ids, positions, mask, cached, compiled: bool = False):
         self.outputs, self.ids, self.positions, self.mask, self.cached = outputs, ids, positions, mask, cached
         self.raw = outputs.logits[:, : candidates.shape[1]].float()
         self.width = self.padded_width = ids.shape[1]
+        self.compiled = compiled  # a captured forward compiled a graph for it: its seconds are not its cost
 
 
-def verify_block(target, rows, candidates, cache, forward_kwargs, recurrent) -> Verification:
-    """Step 3: one target forward over each row's ``[anchor, drafts]``, padded to a GEMM-friendly row count on CPU
-    (not for recurrent targets, where padding would cost a re-advance, nor past a static cache's end); recurrent
-    states are saved first."""
+def verify_block(target, rows, candidates, cache, forward_kwargs, recurrent, captured=None) -> Verification:
+    """Step 3: one target forward over each row's ``[anchor, drafts]``, padded to the next width of a `captured`
+    forward (:class:`~capture_dflash.CapturedVerify`; None: eager) or to a GEMM-friendly row count on CPU (not for
+    recurrent targets, where padding would cost a re-advance, nor past a static cache's end); recurrent states are
+    saved first."""
     width, cached = candidates.shape[1], cache_slots(cache)
     free = free_slots(cache, cached or 0)
+    widths = () if captured is None else captured.widths
     if not recurrent:
-        width = gemm_friendly_rows(width, candidates.device, len(rows), most=free)
+        width = verify_rows(width, candidates.device, len(rows), most=free, captured=widths)
     ids, positions, mask = rows.verify_inputs(candidates, width)
     if recurrent and not recurrent.crop_rewinds:
         recurrent.save()
-    outputs = target(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **forward_kwargs)
-    return Verification(outputs, candidates, ids, positions, mask, cached)
+    graphs = 0 if captured is None else captured.graphs
+    forward = functools.partial(captured, cache_capacity(cache)) if width in widths else target
+    outputs = forward(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=0, **forward_kwargs)
+    compiled = captured is not None and captured.graphs > graphs
+    return Verification(outputs, candidates, ids, positions, mask, cached, compiled)
+
+
+def captured_verify(target, drafter, options: DFlashCallOptions, cache, batch: int, recurrent: bool, stats):
+    """The call's :class:`~capture_dflash.CapturedVerify` (counting its compiles in `stats`), or None where its verify
+    runs eager: not asked for, or asked for where it cannot run (logged, with why)."""
+    if not capture_requested(options, target.device):
+        return None
+    reason = eager_reason(batch, options.tree_budget is not None, recurrent, cache)
+    if reason is not None:
+        logger.warning(f"hf_dflash: captured forwards were asked for, but this call's verify runs eagerly: "
+                       f"{reason}.")
+        return None
+    widest = max(drafter.config.block_size, (options.lookup_tokens or 0) + 1)  # the anchor and a block or a lookup
+    return CapturedVerify(target, widest, compile_settings(options, target.device), stats)
+
+
+def committed_acceptance(accepted: torch.Tensor, shortest: bool) -> torch.Tensor:
+    """The drafts each row commits of those it `accepted`: all of them, or (`shortest`: a batch of a target with
+    recurrent or sliding-window layers) the batch's shortest acceptance, for every row. A recurrent or convolution
+    state cannot skip a rejected slot, and a masked slot would take a place in a sliding window that plain decoding
+    gives a real token; each row's first shortest-acceptance + 1 tokens are target tokens, so this stays exact."""
+    return accepted.clamp(max=int(accepted.min())) if shortest else accepted
 
 
 def readvance(target, verify: Verification, keep: int, cache, recurrent, forward_kwargs) -> Verification:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 # generate() keyword arguments of our own (transformers would refuse them as unused model kwargs): taken out of the
 # call by the routing and resolved into DFlashCallOptions for that call.
 TREE_BUDGET_KWARG = "dflash_tree_budget"
-DFLASH_GENERATE_KWARGS = ("dflash_policy", TREE_BUDGET_KWARG, "dflash_lookup")
+COMPILE_KWARG = "dflash_compile"
+DFLASH_GENERATE_KWARGS = ("dflash_policy", TREE_BUDGET_KWARG, "dflash_lookup", COMPILE_KWARG)
 DEFAULT_POLICY = "cost"  # when the caller sets neither dflash_policy nor transformers' draft-length settings
 DEFAULT_LOOKUP_TOKENS = 10  # the cost-aware policy's prompt-lookup source, unless prompt_lookup_num_tokens says
 DRAFT_LENGTH_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
@@ -36,7 +37,11 @@ class DFlashCallOptions:
     longest prompt-lookup draft the cost-aware policy may verify instead of the drafter's (None: none);
     `branch_tokens`: the longest n-gram branch a tree adds (``prompt_lookup_num_tokens``; None: none); `lookup_ngram`:
     the longest n-gram lookups match (``max_matching_ngram_size``); `tree_budget`: draft nodes of a verified tree
-    (None: chains).
+    (None: chains); `compile`: the target's verify forward runs captured (``torch.compile`` at a fixed set of widths on
+    a static cache: capture_dflash.py): True (``dflash_compile=True``), False (``dflash_compile=False``, or
+    transformers' ``disable_compile=True``) or None (as transformers decides for plain decoding: when a
+    ``compile_config`` was given and the device is one it compiles on); `compile_config`: transformers' CompileConfig
+    of the call (None: the package's default settings).
 
     The generation config's, as generate prepared it: `do_sample`; `num_assistant_tokens` (the most drafts a cycle
     verifies; None: the drafter's whole block); `max_length`: the limit on the text's length in tokens (None: none
@@ -57,6 +62,8 @@ class DFlashCallOptions:
     branch_tokens: int | None = None
     lookup_ngram: int = 2
     tree_budget: int | None = None
+    compile: bool | None = False
+    compile_config: object | None = None
     do_sample: bool = False
     num_assistant_tokens: int | None = None
     max_length: int | None = None
@@ -138,12 +145,35 @@ def resolve_call_options(generation_config, arguments: dict | None = None) -> DF
         )
     return DFlashCallOptions(
         policy=policy,
+        compile=compile_choice(generation_config, arguments.get(COMPILE_KWARG)),
+        compile_config=getattr(generation_config, "compile_config", None),
         lookup_tokens=(lookup_tokens or DEFAULT_LOOKUP_TOKENS) if lookup_source else None,
         branch_tokens=lookup_tokens if budget is not None else None,
         lookup_ngram=getattr(generation_config, "max_matching_ngram_size", None) or 2,
         tree_budget=budget,
         **generation_settings(generation_config),
     )
+
+
+def compile_choice(generation_config, requested) -> bool | None:
+    """Whether the call's verify forward runs captured (see :class:`DFlashCallOptions`'s `compile`): `requested`
+    (``dflash_compile``: True, False or None) over transformers' ``disable_compile``, then its ``compile_config``.
+
+    Example:
+        >>> from transformers import GenerationConfig
+        >>> compile_choice(GenerationConfig(), True), compile_choice(GenerationConfig(), None)
+        (True, False)
+    """
+    if requested is not None and not isinstance(requested, bool):
+        raise ValueError(f"{COMPILE_KWARG}={requested!r}: True (capture the target's verify forward with "
+                         "torch.compile on a static cache), False (eager) or None (transformers' compile settings).")
+    disabled = bool(getattr(generation_config, "disable_compile", False))
+    if requested and disabled:
+        raise ValueError(f"{COMPILE_KWARG}=True with disable_compile=True: the call asks both to compile and not to; "
+                         "drop one of them.")
+    if requested is not None or disabled:
+        return bool(requested)
+    return None if getattr(generation_config, "compile_config", None) is not None else False
 
 
 def check_draft_length_settings(config) -> None:

@@ -28,7 +28,7 @@ from .costs_dflash import CostTable, cost_table
 from .options_dflash import DFlashCallOptions
 from .schedules_dflash import Draft, DraftPolicy, FullBlocks, HeuristicSchedule, most_drafts
 from .speed_dflash import best_draft_count, chain_speed, decay, rates_by_depth
-from .timing_dflash import gemm_friendly_rows
+from .timing_dflash import gemm_friendly_rows, verify_rows
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -114,8 +114,9 @@ class CostAwarePolicy:
     REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
                   "lookup_accepted", "tree_expected", "tree_accepted")
 
-    def __init__(self, target, most: int, memory: dict | None = None):
+    def __init__(self, target, most: int, memory: dict | None = None, captured: tuple[int, ...] = ()):
         self.target, self.most = target, most
+        self.captured = captured  # the widths the call's verify forward is captured at (none: eager)
         self.reached = [0.0] * most
         self.accepted = [0.0] * most
         self.lookup_reached: dict[int, list[float]] = {}  # matched n-gram size -> counts by depth
@@ -148,7 +149,7 @@ class CostAwarePolicy:
         self.memory.update(most=self.most, state={name: getattr(self, name) for name in self.REMEMBERED})
 
     def table(self, batch: int, device) -> CostTable:
-        return cost_table(self.target, device, batch, self.context)
+        return cost_table(self.target, device, batch, self.context, captured=bool(self.captured))
 
     def acceptance_rates(self, doubt: float = 0.0) -> list[float]:
         return rates_by_depth(self.accepted, self.reached, doubt=doubt)
@@ -232,7 +233,7 @@ class CostAwarePolicy:
         self.cycles += 1
         self._remember()
         table = self.table(batch, device)
-        width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
+        width = functools.partial(verify_rows, device=torch.device(device), batch=batch, captured=self.captured)
         unmeasured = self._measure_first(table, width)
         if unmeasured is not None:
             return unmeasured
@@ -337,15 +338,18 @@ class CostAwarePolicy:
 # ----------------------------------------------------------------------------------------------------------------------
 # the call's policy, by name: options.policy -> the policy of a call (its options, target, drafter, most drafts)
 POLICIES = {
-    "cost": lambda options, target, drafter, most: CostAwarePolicy(target, most, policy_memory(drafter)),
-    "full": lambda options, target, drafter, most: FullBlocks(most),
-    "heuristic": lambda options, target, drafter, most: HeuristicSchedule(most, drafter.config.block_size - 1),
+    "cost": lambda options, target, drafter, most, captured: CostAwarePolicy(target, most, policy_memory(drafter),
+                                                                             captured),
+    "full": lambda options, target, drafter, most, captured: FullBlocks(most),
+    "heuristic": lambda options, target, drafter, most, captured: HeuristicSchedule(most,
+                                                                                    drafter.config.block_size - 1),
 }
 
 
-def draft_policy(options: DFlashCallOptions, target, drafter) -> DraftPolicy:
+def draft_policy(options: DFlashCallOptions, target, drafter, captured: tuple[int, ...] = ()) -> DraftPolicy:
     """The call's draft policy, ``POLICIES[options.policy]``, verifying at most ``num_assistant_tokens`` drafts a
-    cycle (default: the whole block of ``block_size - 1``; the heuristic schedule starts there, within the block).
+    cycle (default: the whole block of ``block_size - 1``; the heuristic schedule starts there, within the block);
+    `captured`: the widths the call's verify forward is captured at (the cost-aware policy weighs their costs).
 
     Example:
         >>> from types import SimpleNamespace
@@ -354,4 +358,4 @@ def draft_policy(options: DFlashCallOptions, target, drafter) -> DraftPolicy:
         Draft(count=4, from_lookup=False)
     """
     most = most_drafts(drafter.config.block_size, options.num_assistant_tokens)
-    return POLICIES[options.policy](options, target, drafter, most)
+    return POLICIES[options.policy](options, target, drafter, most, captured)

@@ -29,7 +29,9 @@ class DFlashStats:
     prompt-lookup drafts instead of the drafter's. Times are wall-clock seconds, the device
     synchronised around each timed step (so CUDA times are the work's, not its launch's); ``verify_seconds`` is the
     target's share of the cycles (its forward, the acceptance and the commit, for chains and trees alike: the span
-    the draft policy's cost table learns from).
+    the draft policy's cost table learns from). With captured forwards (``dflash_compile=True``), ``graphs_compiled``
+    counts the graphs compiled during the call and ``compile_seconds`` the seconds of the cycles that compiled them
+    (inside ``verify_seconds`` and ``total_seconds``: subtract them for the decoding's own time).
 
     Example:
         >>> stats = DFlashStats(block_size=4, row_acceptance_lengths=[[]])
@@ -48,6 +50,8 @@ class DFlashStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
+    graphs_compiled: int = 0
+    compile_seconds: float = 0.0
     # verifications (per row) of at least one drafter draft, not a plain step or a prompt-lookup chain, and how many
     # of them accepted the first draft (the default policy's probes count as any other)
     drafted_verifications: int = 0

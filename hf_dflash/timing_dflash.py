@@ -1,8 +1,10 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""The package's one clock, and the verify widths a CPU's matrix kernels run fastest.
+"""The package's one clock, and the widths verify forwards run at: those a CPU's matrix kernels run fastest, or those
+a captured (compiled) forward exists for.
 
 Generation, the draft policy, trees and the benchmarks all time work with :func:`synchronized_clock`; every verify
-forward's row count goes through :func:`gemm_friendly_rows`. Part of the remote-code payload: imports only torch.
+forward's row count goes through :func:`verify_rows` (a tree's through :func:`gemm_friendly_rows`: trees run eager).
+Part of the remote-code payload: imports only torch.
 """
 
 import functools
@@ -23,6 +25,35 @@ def synchronized_clock(device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def captured_widths(widest: int) -> tuple[int, ...]:
+    """The verify widths a captured forward is compiled for: 1 (a plain step), the powers of two below `widest` (the
+    anchor and the drafter's whole block, or the longest prompt-lookup draft), and `widest`. Few widths, because each
+    costs a compile (seconds on a GPU, a minute for SmolLM2 on one CPU thread); a verify rounded up to the next one
+    costs little where the forward is bound by reading the weights, and is padded exactly as
+    :func:`gemm_friendly_rows` pads (output never changes).
+
+    Example:
+        >>> captured_widths(16), captured_widths(10)
+        ((1, 2, 4, 8, 16), (1, 2, 4, 8, 10))
+    """
+    return tuple(sorted({1 << k for k in range(widest.bit_length()) if 1 << k < widest} | {widest}))
+
+
+def verify_rows(rows: int, device: torch.device, batch: int = 1, most: int | None = None,
+                captured: tuple[int, ...] = ()) -> int:
+    """The rows a verify forward of `rows` candidates runs: the smallest `captured` width (a compiled forward exists
+    for it) that holds them and fits in `most` (a static cache's free slots; None: no end), else
+    :func:`gemm_friendly_rows` (an eager forward).
+
+    Example:
+        >>> cpu = torch.device("cpu")
+        >>> verify_rows(3, cpu, captured=(1, 2, 4, 8)), verify_rows(3, cpu, most=3, captured=(1, 2, 4, 8))
+        (4, 3)
+    """
+    fitting = [width for width in captured if rows <= width and (most is None or width <= most)]
+    return min(fitting) if fitting else gemm_friendly_rows(rows, device, batch, most)
 
 
 def gemm_friendly_rows(rows: int, device: torch.device, batch: int = 1, most: int | None = None) -> int:

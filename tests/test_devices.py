@@ -3,7 +3,7 @@
 present, marked `cuda`; CI runs the cpu variant with the fast suite, scripts/gpu_run.sh the cuda one on a lent GPU).
 
 Greedy output against plain ``generate()`` for chains, the default policy, trees, left-padded batches, DFlare and
-DFlash2 drafters and the pipeline; the exact sampling law (chi-square, with a planted wrong sampler that must be
+DFlash2 drafters, the pipeline and captured verify forwards (CUDA graphs); the exact sampling law (chi-square, with a planted wrong sampler that must be
 rejected); targets and drafters saved and loaded with ``device_map``; a drafter left on the CPU beside the target; a
 static cache.
 What "the same output" means on each device (hf_dflash/evaluation/near_ties.py, docs/generation.md "Numerics"):
@@ -163,6 +163,19 @@ def test_a_static_cache_matches_plain(device, call):
     with every_policy_path() if call == "default policy" else contextlib.nullcontext():
         assert_lossless_on(target, drafter, make_prompt(9, seed=21).to(device), ("random", "oracle"), assisted,
                            **kwargs)
+
+
+@pytest.mark.skipif(not hasattr(StaticLayer, "crop"), reason="transformers 5.23: static layers have no crop")
+@pytest.mark.parametrize("device", [DEVICES[1]], indirect=True)  # on the CPU: tests/test_captured.py
+@pytest.mark.parametrize("paths", ["full blocks", "every path"])
+def test_captured_verify_matches_plain(device, paths):
+    """``dflash_compile=True`` with its default settings: on CUDA, inductor under mode="reduce-overhead", every verify
+    width replayed as a CUDA graph (whose outputs the next replay overwrites: the loop must keep copies)."""
+    target, drafter = device_target("qwen3", device), device_drafter("qwen3", device)
+    assisted = dict(dflash_compile=True, dflash_policy="full" if paths == "full blocks" else "cost")
+    with every_policy_path() if paths == "every path" else contextlib.nullcontext():
+        assert_lossless_on(target, drafter, make_prompt(9, seed=22).to(device), ("random", "oracle", "noisy"),
+                           assisted, max_new_tokens=NEW_TOKENS)
 
 
 @pytest.mark.parametrize("layout", ["dflare", "dflash2"])

@@ -456,7 +456,8 @@ def test_every_policy_offers_the_whole_protocol():
 def test_the_loop_and_the_tree_ask_the_policy_through_the_protocol_only(settings, monkeypatch):
     calls = collections.Counter()
     real = generation_dflash.draft_policy
-    monkeypatch.setattr(generation_dflash, "draft_policy", lambda *args: ProtocolOnly(real(*args), calls))
+    monkeypatch.setattr(generation_dflash, "draft_policy",
+                        lambda *args, **kwargs: ProtocolOnly(real(*args, **kwargs), calls))
     target = cached_target("qwen3")
     assert_lossless(target, make_drafter(target, block_size=6), copy_prompt(3), max_new_tokens=24,
                     assisted=settings)

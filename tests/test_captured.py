@@ -1,0 +1,136 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Captured forwards (``dflash_compile=True``: the target's verify compiled with torch.compile at a fixed set of
+widths over a static cache, hf_dflash/capture_dflash.py) are lossless exactly as the eager loop: the same tokens as
+plain ``generate``, with drafters good and bad, on every path the default policy takes. Compiles are counted and a
+recompile is a warning; the paths that stay eager say so and stay lossless; bad switches raise before any work.
+
+One test compiles with inductor (the backend users get: ~10 s a graph for these tiny models on one thread); the
+others use the "aot_eager" backend through transformers' CompileConfig (the same capture by dynamo, without code
+generation), so the fast suite stays fast. On CUDA (tests/test_devices.py's tier) the graphs are replayed.
+"""
+
+import logging
+
+import pytest
+import torch
+from conftest import (
+    DRAFTER_KINDS,
+    assert_lossless,
+    cached_target,
+    every_policy_path,
+    left_padded,
+    make_drafter,
+    make_prompt,
+)
+from transformers import CompileConfig, StaticCache
+
+from hf_dflash.capture_dflash import CapturedVerify, capture_requested
+from hf_dflash.options_dflash import DFlashCallOptions
+from hf_dflash.timing_dflash import captured_widths
+
+NEW = 30
+# dynamo's capture without inductor's code generation: seconds, not minutes
+AOT_EAGER = CompileConfig(backend="aot_eager", fullgraph=True, dynamic=False)
+
+
+def warnings_logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("hf_dflash") and r.levelno == logging.WARNING]
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    target = cached_target("qwen3")
+    return target, make_drafter(target, block_size=8)
+
+
+def test_captured_verify_is_lossless_with_inductor(qwen3):
+    target, drafter = qwen3
+    compiled = []
+
+    def check(kind, got, expected, proposals):
+        compiled.append(drafter.last_stats.graphs_compiled)
+
+    assert_lossless(target, drafter, make_prompt(12), max_new_tokens=NEW, assisted={"dflash_compile": True},
+                    check=check)
+    assert compiled[0] >= 1, "the first call compiles the verify forward"
+    assert compiled[1:] == [0] * (len(DRAFTER_KINDS) - 1), "later calls (same cache length) reuse the graphs"
+
+
+def test_every_policy_path_is_lossless_captured(qwen3):
+    target, drafter = qwen3
+    with every_policy_path() as choices:
+        assert_lossless(target, drafter, make_prompt(14, seed=3), max_new_tokens=NEW, compile_config=AOT_EAGER,
+                        assisted={"dflash_compile": True, "dflash_policy": "cost"})
+    assert {count for count, _ in choices} >= {0, drafter.config.block_size - 1}, "plain steps and full blocks ran"
+    assert any(from_lookup for _, from_lookup in choices), "prompt-lookup chains ran"
+
+
+def test_a_compile_config_captures_where_transformers_would_compile(qwen3):
+    """transformers compiles plain decoding on accelerators, or anywhere with ``_compile_all_devices``."""
+    target, drafter = qwen3
+    everywhere = CompileConfig(backend="aot_eager", fullgraph=True, dynamic=False)
+    everywhere._compile_all_devices = True
+    assert not capture_requested(DFlashCallOptions(compile=None, compile_config=AOT_EAGER), torch.device("cpu"))
+    assert capture_requested(DFlashCallOptions(compile=None, compile_config=AOT_EAGER), torch.device("cuda"))
+    prompt = make_prompt(10, seed=5)
+    torch._dynamo.reset()
+    for config, graphs in ((AOT_EAGER, 0), (everywhere, 1)):
+        assert_lossless(target, drafter, prompt, kinds=("noisy",), max_new_tokens=NEW, compile_config=config)
+        assert (drafter.last_stats.graphs_compiled > 0) == bool(graphs), config
+
+
+@pytest.mark.parametrize("case", ["batch", "tree", "dynamic cache"])
+def test_paths_that_stay_eager_say_so_and_stay_lossless(qwen3, case, caplog):
+    target, drafter = qwen3
+    prompt, kwargs = make_prompt(10, seed=7), {"max_new_tokens": 20, "compile_config": AOT_EAGER}
+    assisted = {"dflash_compile": True}
+    if case == "batch":
+        prompt, mask = left_padded([make_prompt(10, seed=7), make_prompt(6, seed=8)])
+        kwargs["attention_mask"] = mask
+    elif case == "tree":
+        assisted["dflash_tree_budget"] = 6
+    with caplog.at_level(logging.WARNING, logger="hf_dflash"):
+        if case == "dynamic cache":
+            from transformers import DynamicCache
+            expected = target.generate(prompt, do_sample=False, **kwargs)
+            got = target.generate(prompt, assistant_model=drafter, do_sample=False, past_key_values=DynamicCache(),
+                                  **assisted, **kwargs)
+            assert got.tolist() == expected.tolist()
+        else:
+            assert_lossless(target, drafter, prompt, kinds=("random",), assisted=assisted, **kwargs)
+    assert drafter.last_stats.graphs_compiled == 0
+    assert any("runs eagerly" in message for message in warnings_logged(caplog)), warnings_logged(caplog)
+
+
+def test_a_recompile_is_a_warning(qwen3, caplog):
+    """A graph compiled again for a width and cache length it was compiled for is never silent."""
+    target, drafter = qwen3
+    torch._dynamo.reset()
+    verify = CapturedVerify(target, widest=2, settings=AOT_EAGER.to_dict())
+    cache = StaticCache(config=target.config, max_cache_len=32)
+    ids = make_prompt(6)
+    kwargs = {"past_key_values": cache, "use_cache": True, "output_hidden_states": [1, 2]}
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hf_dflash"):
+        target(input_ids=ids, **kwargs)  # the prefill, eager: the cache's tensors are made here
+        for attempt in range(2):
+            if attempt:
+                torch._dynamo.reset()  # what a changed guard does: the graph is compiled again
+            verify(32, input_ids=ids[:, :1], position_ids=torch.tensor([[6]]), **kwargs)
+            cache.crop(-1)
+    assert verify.graphs == 2
+    assert [m for m in warnings_logged(caplog) if "compiled again at width 1" in m], warnings_logged(caplog)
+
+
+def test_captured_widths_cover_every_verify():
+    assert captured_widths(16) == (1, 2, 4, 8, 16)
+    assert captured_widths(11) == (1, 2, 4, 8, 11)  # a 10-token prompt lookup beyond a block of 8
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dflash_compile": "yes"}, "dflash_compile='yes'"),
+    ({"dflash_compile": True, "disable_compile": True}, "disable_compile=True"),
+])
+def test_bad_compile_switches_raise_before_any_work(qwen3, kwargs, message):
+    target, drafter = qwen3
+    with pytest.raises(ValueError, match=message):
+        target.generate(make_prompt(8), assistant_model=drafter, max_new_tokens=4, **kwargs)
