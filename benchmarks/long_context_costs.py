@@ -9,7 +9,9 @@ heads grouped as the DFlash loop runs it on CPU (``t_k_over_t1``) and as transfo
 reads the drafter's time per cycle from ``drafter.last_stats``.
 
 Memory (one fresh process per case, so that each peak is its own): peak RSS after loading the models, and after
-``generate`` with and without the drafter; the drafter's own context cache (its K/V of the target features) is
+``generate`` with and without the drafter, and the call's peak tensor memory counted to the byte
+(:class:`~hf_dflash.evaluation.memory.PeakTensorMemory`: the tensors themselves, without the allocator's arenas);
+the drafter's own context cache (its K/V of the target features) is
 estimated from its config.
 
     python benchmarks/long_context_costs.py --threads 1 --json costs.json
@@ -31,6 +33,7 @@ from transformers import DynamicCache
 from hf_dflash.cache_dflash import cache_argument
 from hf_dflash.data.chat import chat_input_ids
 from hf_dflash.evaluation.machine import load_average, run_stamp
+from hf_dflash.evaluation.memory import PeakTensorMemory
 from hf_dflash.generation_dflash import grouped_query_attention
 from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_drafter, load_target
@@ -108,7 +111,7 @@ def memory_case(dataset: str, method: str, new_tokens: int) -> dict:
     ids = context_ids(tokenizer, dataset)
     loaded = peak_rss_mib()
     extra = {} if method == "plain" else {"assistant_model": drafter}
-    with torch.inference_mode():
+    with torch.inference_mode(), PeakTensorMemory() as tensors:
         target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
                         **extra)
     config = drafter.config
@@ -116,6 +119,7 @@ def memory_case(dataset: str, method: str, new_tokens: int) -> dict:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     drafter_cache_mib = 2 * config.num_hidden_layers * kv_heads * head_dim * (ids.shape[1] + new_tokens) * 4 / 2**20
     return {"prompt_tokens": ids.shape[1], "loaded_mib": loaded, "peak_mib": peak_rss_mib(),
+            "tensor_peak_mib": tensors.peak_bytes / 2**20,
             "drafter_context_cache_mib": drafter_cache_mib}
 
 

@@ -66,12 +66,13 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.cache_keyword = cache_argument(drafter)
         mask_ids = torch.full((1, self.block_size - 1), drafter.config.mask_token_id)
         self.mask_embeds = self._embed(mask_ids)
-        # A draft vocabulary: the LM head's rows for those tokens, gathered once (on a CPU the head is mostly the
-        # cost of reading its weights)
+        # A draft vocabulary: the LM head's rows for those tokens, gathered once per call at the first draft (on a
+        # CPU the head is mostly the cost of reading its weights), not before: the target's prefill of a long prompt
+        # is the call's memory peak
         self.draft_ids = drafter.draft_token_ids()
         if self.draft_ids is not None:
             self.draft_ids = self.draft_ids.to(self.lm_head.weight.device)
-            self.draft_head = plain_head_rows(self.lm_head.weight, self.draft_ids)
+        self._draft_head: torch.Tensor | None = None
 
     def _embed(self, ids):
         weight = self.input_embeddings.weight
@@ -184,7 +185,9 @@ class DFlashCandidateGenerator(CandidateGenerator):
         finite logits (-inf elsewhere: never proposed, and q = 0 there for speculative sampling)."""
         if self.draft_ids is None:
             return self.lm_head(hidden)
-        partial = hidden @ self.draft_head.T
+        if self._draft_head is None:
+            self._draft_head = plain_head_rows(self.lm_head.weight, self.draft_ids)
+        partial = hidden @ self._draft_head.T
         if getattr(self.lm_head, "bias", None) is not None:
             partial = partial + self.lm_head.bias[self.draft_ids]
         logits = partial.new_full((*partial.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))

@@ -36,6 +36,10 @@ logger = logging.get_logger(__name__)
 # torch.compile settings when the call gives no compile_config: one graph per width (fixed shapes: CUDA graphs replay
 # them), the whole forward in it (a graph break would put Python back between kernels)
 DEFAULT_SETTINGS = {"fullgraph": True, "dynamic": False, "backend": "inductor"}
+# Graphs one target's forward may hold: dynamo keeps one per (width, cache length) on the forward's code, which
+# transformers' own compiled decoding shares, and by default stops at 8 (under fullgraph, with an error); a call
+# uses up to 6 widths and a process meets a few cache lengths (powers of two)
+MOST_GRAPHS = 64
 # devices transformers compiles plain decoding on, by default, with a static cache
 COMPILING_DEVICES = ("cuda", "xpu", "neuron", "tpu", "mps")
 
@@ -114,8 +118,10 @@ class CapturedVerify:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         try:
-            outputs = self.entry["call"](**inputs)
-        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.BackendCompilerFailed) as error:
+            limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
+            with torch._dynamo.config.patch(recompile_limit=limit):
+                outputs = self.entry["call"](**inputs)
+        except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as error:
             self.entry["failed"] = True
             logger.warning(f"hf_dflash: the target's verify forward could not be captured ({type(error).__name__}: "
                            f"{str(error).splitlines()[0]}); it runs eagerly for {type(self.target).__name__}.")

@@ -26,9 +26,9 @@ from transformers.utils import logging
 
 from .data.regenerate import RegenerationArguments, regenerate
 from .evaluation.batch import run_batch_benchmark
-from .evaluation.bench import METHODS, all_identical, run_benchmark
+from .evaluation.bench import DEFAULT_PRESET, METHODS, PRESETS, all_identical, run_benchmark
 from .evaluation.demo import demo_dtype, demo_exit_code, run_demo, summary_line
-from .evaluation.prompts import ALL_DATASETS, DATASETS, check_dataset_names, load_eval_prompts
+from .evaluation.prompts import ALL_DATASETS, check_dataset_names, load_eval_prompts
 from .evaluation.report import batch_markdown, markdown_report, save_plot
 from .models import load_drafter, load_target, resolve_device
 from .training import DFlashTrainingArguments, train
@@ -98,14 +98,15 @@ def add_dataclass_command(subparsers, name: str, cls, run, help: str, descriptio
 
 # ----------------------------------------------------------------------------------------------------------------------
 # demo and bench: a target, a drafter, a device
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The target/drafter/device options shared by ``hf-dflash demo`` and ``hf-dflash bench``."""
+def add_model_arguments(parser: argparse.ArgumentParser, tokens_help: str = "new tokens per prompt") -> None:
+    """The target/drafter/device options shared by ``hf-dflash demo`` and ``hf-dflash bench`` (`tokens_help`: the
+    help of --max-new-tokens, whose default each command sets)."""
     parser.add_argument("--target", default=None, help="Hub id or folder (default: offline SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=None, help="Hub id or folder (default: the shipped demo drafter)")
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one, else the CPU), cpu, cuda...")
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPUs), float32, bfloat16...")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help=tokens_help)
     parser.add_argument("--verbose", action="store_true", help="log progress details; show tracebacks of errors")
 
 
@@ -166,11 +167,17 @@ def add_bench_parser(subparsers) -> None:
         help="benchmark DFlash against plain decoding, prompt lookup, early exit and transformers' DFlash",
         description="DFlash against plain decoding and the other lossless accelerators, side by side: every method\n"
         "runs on every prompt in one process (interleaved), outputs are checked against plain generate, and tau,\n"
-        "tokens/s, speedup and DFlash's per-cycle costs are reported. Exit code 1 when any output differs.",
+        "tokens/s, speedup (end to end), TTFT, TPOT and its speedup, and DFlash's per-cycle costs are reported.\n"
+        "Exit code 1 when any output differs. Presets (--preset; --datasets and --max-new-tokens override them):\n"
+        + "\n".join(f"  {name}: {', '.join(p.datasets)}, {p.max_new_tokens} tokens ({p.summary})"
+                    for name, p in PRESETS.items()),
     )
-    add_model_arguments(parser)
-    parser.add_argument("--datasets", type=comma_list, default=",".join(DATASETS),
-                        help=f"comma list of {','.join(ALL_DATASETS)} (default: the short-question sets)")
+    add_model_arguments(parser, f"new tokens per prompt (default: {DEFAULT_PRESET.max_new_tokens}, or the preset's)")
+    parser.add_argument("--preset", choices=list(PRESETS), default=None,
+                        help="a named set of datasets and max_new_tokens (listed above)")
+    parser.add_argument("--datasets", type=comma_list, default=None,
+                        help=f"comma list of {','.join(ALL_DATASETS)} (default: the short-question sets "
+                        f"{','.join(DEFAULT_PRESET.datasets)}, or the preset's)")
     parser.add_argument("--limit", type=int, default=10, help="prompts per dataset")
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds over each dataset; each method's faster run of a prompt counts (a noisy machine)")
@@ -185,7 +192,22 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--batch-sizes", type=comma_list, default=None,
                         help="instead of the method comparison: plain vs DFlash tokens/s at these batch sizes, "
                         "e.g. 1,4,8,16")
-    parser.set_defaults(func=bench_command, max_new_tokens=256)
+    parser.set_defaults(func=bench_command)
+
+
+def with_preset(args: argparse.Namespace) -> argparse.Namespace:
+    """The bench's arguments with ``datasets`` and ``max_new_tokens`` filled: each explicit flag, else the preset's
+    (``--preset``), else the default's (``DEFAULT_PRESET``: the short-question sets, 256 tokens).
+
+    Example:
+        >>> args = with_preset(build_parser().parse_args(["bench", "--preset", "long-documents"]))
+        >>> args.datasets, args.max_new_tokens
+        (['context_2k', 'context_4k', 'context_8k'], 256)
+    """
+    preset = PRESETS.get(args.preset, DEFAULT_PRESET)
+    datasets = list(preset.datasets) if args.datasets is None else args.datasets
+    max_new_tokens = preset.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    return argparse.Namespace(**{**vars(args), "datasets": datasets, "max_new_tokens": max_new_tokens})
 
 
 def write_outputs(args: argparse.Namespace, report, text: str) -> None:
@@ -201,6 +223,7 @@ def write_outputs(args: argparse.Namespace, report, text: str) -> None:
 
 def bench_command(args: argparse.Namespace) -> int:
     """Exit code 0 when every method's output equals plain generate on every prompt, else 1."""
+    args = with_preset(args)
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list(METHODS)}.")

@@ -51,6 +51,7 @@ from .candidates_dflash import DFlashCandidateGenerator
 from .capture_dflash import CapturedVerify, capture_requested, compile_settings, eager_reason
 from .checks_dflash import check_drafter_matches_target, check_generate_call, is_dflash_drafter
 from .diagnostics_dflash import check_acceptance
+from .features_dflash import PromptFeatureWriter
 from .options_dflash import DFLASH_GENERATE_KWARGS, DFlashCallOptions, call_options
 from .policy_dflash import Draft, DraftPolicy, draft_policy
 from .rows_dflash import OutputRecorder, Rows, record, right_padded
@@ -199,18 +200,24 @@ def target_forward_kwargs(target, drafter, cache, options: DFlashCallOptions) ->
 
 def prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, stopping_criteria, do_sample,
             recorder, streamer) -> list[int]:
-    """Step 1: the target reads the prompts and chooses each row's first new token; returns the rows that go on."""
-    outputs = target(
-        input_ids=input_ids, attention_mask=rows.slot_mask, position_ids=rows.feature_positions, logits_to_keep=1,
-        **forward_kwargs,
-    )
+    """Step 1: the target reads the prompts and chooses each row's first new token; returns the rows that go on. The
+    drafter's context is written layer by layer into one tensor (:class:`~features_dflash.PromptFeatureWriter`) unless
+    the caller asked for the hidden states themselves."""
+    writer = None if forward_kwargs["output_hidden_states"] is True else PromptFeatureWriter.for_target(
+        target, drafter.config.target_layer_ids)
+    with writer or contextlib.nullcontext():
+        outputs = target(
+            input_ids=input_ids, attention_mask=rows.slot_mask, position_ids=rows.feature_positions, logits_to_keep=1,
+            **(forward_kwargs if writer is None else {**forward_kwargs, "output_hidden_states": False}),
+        )
     raw = outputs.logits[:, -1:].float()
     processed = logits_processor(input_ids, raw[:, 0].clone())[:, None] if len(logits_processor) else raw
     tokens = select_tokens(processed, do_sample)
     recorder.add(outputs, raw, processed, 1, prefill=True, kv_length=0)
     if streamer is not None:
         streamer.put(tokens[0].cpu())
-    return rows.start(tokens, drafter.target_features(outputs.hidden_states), processed, stopping_criteria)
+    features = drafter.target_features(outputs.hidden_states) if writer is None else writer.features
+    return rows.start(tokens, features, processed, stopping_criteria)
 
 
 class Verification:

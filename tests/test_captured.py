@@ -121,6 +121,42 @@ def test_a_recompile_is_a_warning(qwen3, caplog):
     assert [m for m in warnings_logged(caplog) if "compiled again at width 1" in m], warnings_logged(caplog)
 
 
+def static_verify(target, verify, cache_length: int, **kwargs):
+    """A prefill (eager) then one captured width-1 verify over a fresh static cache of `cache_length` slots."""
+    cache = StaticCache(config=target.config, max_cache_len=cache_length)
+    ids = make_prompt(6)
+    forward = {"past_key_values": cache, "use_cache": True, "output_hidden_states": [1, 2], **kwargs}
+    with torch.no_grad():
+        target(input_ids=ids, **forward)
+        return verify(cache_length, input_ids=ids[:, :1], position_ids=torch.tensor([[6]]), **forward)
+
+
+def test_more_graphs_than_dynamos_default_limit_still_capture(qwen3):
+    """Widths times cache lengths pass dynamo's default of 8 graphs per forward (which, under fullgraph, raises):
+    the captured verify raises its own limit and keeps compiling."""
+    target, _ = qwen3
+    torch._dynamo.reset()
+    verify = CapturedVerify(target, widest=2, settings=AOT_EAGER.to_dict())
+    for cache_length in range(16, 16 + 8 * 9, 8):
+        static_verify(target, verify, cache_length)
+    assert verify.graphs == 9 and not verify.failed
+
+
+def test_a_forward_that_cannot_be_captured_runs_eagerly_with_a_warning(qwen3, caplog, monkeypatch):
+    target, _ = qwen3
+    verify = CapturedVerify(target, widest=2, settings=AOT_EAGER.to_dict())
+    monkeypatch.setitem(verify.entry, "failed", False)  # restored after the test: the compiled call is shared
+
+    def refuse(**inputs):
+        raise torch._dynamo.exc.FailOnRecompileLimitHit("Hard failure due to fullgraph=True")
+
+    monkeypatch.setitem(verify.entry, "call", refuse)
+    with caplog.at_level(logging.WARNING, logger="hf_dflash"):
+        outputs = static_verify(target, verify, 16)
+    assert verify.failed and outputs.logits.shape[1] == 1
+    assert any("runs eagerly" in m for m in warnings_logged(caplog)), warnings_logged(caplog)
+
+
 def test_captured_widths_cover_every_verify():
     assert captured_widths(16) == (1, 2, 4, 8, 16)
     assert captured_widths(11) == (1, 2, 4, 8, 11)  # a 10-token prompt lookup beyond a block of 8

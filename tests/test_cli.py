@@ -149,6 +149,36 @@ def test_help_shows_every_default_and_every_flag_has_help(capsys):
         assert "``" not in out and "%(default)" not in out
 
 
+def test_bench_preset_long_documents_runs_the_2k_to_8k_contexts_with_256_tokens_unless_flags_say_otherwise(
+        monkeypatch, capsys):
+    monkeypatch.setattr(cli, "DEFAULT_PRESET", bench.BenchPreset(("gsm8k",), 64, "a default unlike the preset"))
+    parse = cli.build_parser().parse_args
+
+    def settings(*flags: str) -> tuple[list[str], int]:
+        args = cli.with_preset(parse(["bench", *flags]))
+        return args.datasets, args.max_new_tokens
+
+    assert settings() == (["gsm8k"], 64)
+    assert settings("--preset", "long-documents") == (["context_2k", "context_4k", "context_8k"], 256)
+    assert settings("--preset", "long-documents", "--max-new-tokens", "32") == (
+        ["context_2k", "context_4k", "context_8k"], 32)
+    assert settings("--preset", "long-documents", "--datasets", "doc_qa") == (["doc_qa"], 256)
+    with pytest.raises(SystemExit):
+        parse(["bench", "--preset", "long-docs"])
+    error = capsys.readouterr().err
+    assert "invalid choice: 'long-docs'" in error and "long-documents" in error.split("choose from")[1]
+
+    asked = {}
+
+    def stop_at_the_model(args, with_drafter=True):  # what the command would run, without loading a model
+        asked.update(datasets=args.datasets, max_new_tokens=args.max_new_tokens)
+        raise ValueError("stop")
+
+    monkeypatch.setattr(cli, "load_models_from_args", stop_at_the_model)
+    assert cli.main(["bench", "--preset", "long-documents"]) == 2
+    assert asked == {"datasets": ["context_2k", "context_4k", "context_8k"], "max_new_tokens": 256}
+
+
 def test_demo_and_bench_default_to_the_gpu_when_there_is_one(monkeypatch):
     parser = cli.build_parser()
     assert parser.parse_args(["demo"]).device == "auto" and parser.parse_args(["bench"]).device == "auto"

@@ -18,7 +18,7 @@ PAYLOAD = (
     # generation, by floor: each module imports only those of the floors before it (see test_payload_floors)
     "options_dflash", "schedules_dflash", "cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash",
     "diagnostics_dflash", "rows_dflash", "hub_dflash", "vocabulary_dflash",
-    "checks_dflash", "candidates_dflash", "tree_dflash", "capture_dflash",
+    "checks_dflash", "candidates_dflash", "tree_dflash", "capture_dflash", "features_dflash",
     "modeling_dflash", "generation_dflash",
     "configuration_dflash2", "modeling_dflash2",  # DFlash2 drafters
 )
@@ -30,7 +30,7 @@ FLOORS = (
     ("cache_dflash", "sampling_dflash", "policy_dflash", "lookup_dflash", "stats_dflash", "configuration_dflash",
      "model_card", "checkpoint_dflash"),
     ("diagnostics_dflash", "rows_dflash", "configuration_dflash2", "hub_dflash", "vocabulary_dflash",
-     "capture_dflash"),
+     "capture_dflash", "features_dflash"),
     ("checks_dflash", "candidates_dflash", "tree_dflash"),
     ("generation_dflash",),
     ("modeling_dflash",),  # imports the loop module so that loading a drafter installs the routing

@@ -25,15 +25,18 @@ slows them alike; the order rotates from prompt to prompt):
 
 Reported per dataset and overall: tau (tokens per target forward: ``drafter.last_stats`` for ours, counted target
 forwards for the others), acceptance by block position, tokens/s, speedup vs plain (median of per-prompt ratios),
-the per-cycle costs t(draft), t(verify), t(1) (plain per-token time) and the ceiling
+TTFT (time to first token: the prompt's prefill), TPOT (time per output token after the first) and its speedup vs
+plain's, the per-cycle costs t(draft), t(verify), t(1) (plain per-token time) and the ceiling
 ``tau * t(1) / (t(verify) + t(draft))`` that no implementation of the loop can beat on this machine.
 
 Example:
     $ hf-dflash bench --datasets gsm8k,humaneval --limit 5 --max-new-tokens 128 --json bench.json --plot bench.png
     $ hf-dflash bench --threads 1 --limit 5 --max-new-tokens 64 --repeats 2   # each method's faster of 2 runs
+    $ hf-dflash bench --preset long-documents --json long.json   # context_2k/4k/8k, 256-token answers (see PRESETS)
 """
 
 import os
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -43,21 +46,41 @@ from ..data.chat import chat_input_ids
 from .machine import OtherLoad, load_average, run_stamp
 from .methods import METHODS, ForwardCounter, Run, default_early_exit_layer, first_difference, timed_generation
 from .progress import BenchProgress
+from .prompts import CONTEXT_LENGTHS, DATASETS
 from .summaries import (PromptResult, all_identical, bench_config, bench_report, cycle_costs,
                         differences_from_plain)
 
 logger = logging.get_logger(__name__)
 
 # what callers outside the package import from here (cli, benchmarks/, tests), beside run_benchmark
-__all__ = ["METHODS", "BenchProgress", "ForwardCounter", "Run", "all_identical", "cycle_costs", "first_difference",
-           "run_benchmark", "timed_generation"]
+__all__ = ["DEFAULT_PRESET", "METHODS", "PRESETS", "BenchPreset", "BenchProgress", "ForwardCounter", "Run",
+           "all_identical", "cycle_costs", "first_difference", "run_benchmark", "timed_generation"]
+
+
+@dataclass(frozen=True)
+class BenchPreset:
+    """A named set of bench settings (``hf-dflash bench --preset NAME``); an explicit flag overrides each."""
+
+    datasets: tuple[str, ...]
+    max_new_tokens: int
+    summary: str  # one line for ``--help``
+
+
+# What `hf-dflash bench` runs without --preset, --datasets or --max-new-tokens.
+DEFAULT_PRESET = BenchPreset(DATASETS, 256, "short questions")
+# Kept out of the default datasets: every method's prefill of each 2K-8K-token prompt makes a CPU run long.
+PRESETS: dict[str, BenchPreset] = {
+    "long-documents": BenchPreset(
+        tuple(name for name, tokens in CONTEXT_LENGTHS.items() if 2048 <= tokens <= 8192), 256,
+        "a question after 2K-8K tokens of documents"),
+}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the benchmark: run, check, summarise
 def run_benchmark(target, tokenizer, drafter, prompts: dict[str, list[str]], methods: list[str] = METHODS,
-                  max_new_tokens: int = 256, early_exit_layer: int | None = None, warmup: bool = True,
-                  repeats: int = 1, progress: str | os.PathLike | None = None) -> dict:
+                  max_new_tokens: int = DEFAULT_PRESET.max_new_tokens, early_exit_layer: int | None = None,
+                  warmup: bool = True, repeats: int = 1, progress: str | os.PathLike | None = None) -> dict:
     """Run every method on every prompt (interleaved, rotating order) and return the JSON-ready report.
 
     Args:

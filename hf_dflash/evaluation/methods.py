@@ -53,10 +53,23 @@ class Run:
         return len(self.new_tokens) / self.seconds if self.seconds > 0 else 0.0
 
     @property
-    def decode_seconds(self) -> float | None:
-        """Seconds after the prompt was read: what speculative decoding can change (a long prompt's prefill is the
-        same forward with or without drafts)."""
-        return None if self.prefill_seconds is None else self.seconds - self.prefill_seconds
+    def ttft_seconds(self) -> float | None:
+        """Time to first token: the call's first target forward, which reads the prompt and yields the first token
+        (None: not timed). The same forward with or without drafts: speculative decoding cannot change it."""
+        return self.prefill_seconds
+
+    @property
+    def tpot_seconds(self) -> float | None:
+        """Time per output token after the first: (seconds - TTFT) / (new tokens - 1), what drafting changes (None:
+        no TTFT timed, or a single new token).
+
+        Example:
+            >>> Run([7, 8, 9, 10, 11], seconds=1.0, target_forwards=5, prefill_seconds=0.2).tpot_seconds
+            0.2
+        """
+        if self.ttft_seconds is None or len(self.new_tokens) < 2:
+            return None
+        return (self.seconds - self.ttft_seconds) / (len(self.new_tokens) - 1)
 
 
 class ForwardCounter:

@@ -47,14 +47,16 @@ def markdown_report(report: dict) -> str:
         f"{config['max_new_tokens']}, prompts per dataset: {config['datasets']}.",
         *machine_line(report.get("machine")),
         "",
-        "| dataset | method | tau | tokens/s (median) | speedup (median) | after the prompt | identical |",
-        "|---|---|---|---|---|---|---|",
+        "| dataset | method | tau | tokens/s (median) | speedup (median) | TTFT ms | TPOT ms | TPOT speedup "
+        "| identical |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, per_method in results.items():
         for method, entry in per_method.items():
             lines.append(
                 f"| {name} | {METHOD_LABELS[method]} | {_fmt(entry['tau'])} | {_fmt(entry['tokens_per_s'], '.1f')} | "
-                f"{_fmt(entry['speedup'])}x | {_fmt(entry.get('decode_speedup'))}x | "
+                f"{_fmt(entry['speedup'])}x | {_fmt(entry.get('ttft_ms'), '.1f')} | "
+                f"{_fmt(entry.get('tpot_ms'), '.1f')} | {_fmt(entry.get('tpot_speedup'))}x | "
                 f"{'yes' if entry['identical'] else '**NO**'} |"
             )
     costs = {name: m["dflash"] for name, m in results.items() if "dflash" in m and "cycles" in m["dflash"]}

@@ -1,7 +1,7 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """The bench's results: every method on each prompt (:class:`PromptResult`), the check against plain generate, and
-the JSON-ready report: per-method figures (tau, tokens/s, speedups, per-cycle costs and the ceiling they allow) for
-each dataset and overall, each prompt's record and the run's settings.
+the JSON-ready report: per-method figures (tau, tokens/s, speedups, TTFT and TPOT, per-cycle costs and the ceiling
+they allow) for each dataset and overall, each prompt's record and the run's settings.
 """
 
 import statistics
@@ -37,15 +37,24 @@ class PromptResult:
     def identical(self, method: str) -> bool:
         return not {method, "plain"} & self.unstable and self.runs[method].new_tokens == self.runs["plain"].new_tokens
 
-    def speedup(self, method: str, decode: bool = False) -> float | None:
-        """Plain per-token time over the method's per-token time, on this prompt (`decode`: after the prompt was
-        read, both ways; None when a prefill was not timed)."""
+    def speedup(self, method: str) -> float:
+        """End to end: plain per-token time over the method's per-token time, on this prompt (the headline)."""
         plain, run = self.runs["plain"], self.runs[method]
-        plain_s, run_s = (plain.decode_seconds, run.decode_seconds) if decode else (plain.seconds, run.seconds)
-        if plain_s is None or run_s is None:
-            return None
-        plain_per_token = plain_s / max(1, len(plain.new_tokens))
-        return plain_per_token / max(run_s / max(1, len(run.new_tokens)), 1e-12)
+        plain_per_token = plain.seconds / max(1, len(plain.new_tokens))
+        return plain_per_token / max(run.seconds / max(1, len(run.new_tokens)), 1e-12)
+
+    def tpot_speedup(self, method: str) -> float | None:
+        """Plain's time per output token after the first over the method's, on this prompt: the speedup once the
+        prompt is read, what drafting changes (None when either TPOT is unknown, see :attr:`Run.tpot_seconds`).
+
+        Example:
+            >>> result = PromptResult("gsm8k", 0, 5, {"plain": Run([1, 2, 3], 1.0, 3, prefill_seconds=0.2),
+            ...                                      "pld": Run([1, 2, 3], 0.6, 2, prefill_seconds=0.2)})
+            >>> round(result.tpot_speedup("pld"), 6)
+            2.0
+        """
+        plain, run = self.runs["plain"].tpot_seconds, self.runs[method].tpot_seconds
+        return None if plain is None or run is None else plain / max(run, 1e-12)
 
 
 def method_tau(method: str, results: list[PromptResult]) -> float | None:
@@ -72,7 +81,8 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
     """Per-method figures over a set of prompts (one dataset, or all).
 
     Times are medians over prompts (a shared machine's load spikes hit single runs): ``tokens_per_s`` is the median
-    per-prompt rate, ``speedup`` the median per-prompt ratio to plain, t(1) the median plain per-token time.
+    per-prompt rate, ``speedup`` the median per-prompt ratio to plain end to end (the headline), TTFT / TPOT and the
+    TPOT speedup as :func:`serving_times` says, t(1) the median plain per-token time.
     """
     summary = {}
     t1 = statistics.median(r.runs["plain"].seconds / max(1, len(r.runs["plain"].new_tokens)) for r in results)
@@ -83,8 +93,7 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
             "tau": method_tau(method, results),
             "tokens_per_s": statistics.median(run.tokens_per_second for run in runs),
             "speedup": statistics.median(r.speedup(method) for r in results) if results else None,
-            "decode_speedup": median_or_none([r.speedup(method, decode=True) for r in results]),
-            "prefill_s": median_or_none([r.runs[method].prefill_seconds for r in results]),
+            **serving_times(method, results),
             "identical": all(r.identical(method) for r in results),
             "prompts": len(results),
             "new_tokens": sum(len(run.new_tokens) for run in runs),
@@ -94,6 +103,23 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
             entry.update(cycle_costs([run.stats for run in runs], t1))
         summary[method] = entry
     return summary
+
+
+def serving_times(method: str, results: list[PromptResult]) -> dict:
+    """A method's times as serving engines report them, medians over prompts: ``ttft_ms`` (time to first token: the
+    prompt's prefill), ``tpot_ms`` (time per output token after the first) and ``tpot_speedup`` (the median
+    per-prompt ratio of plain's TPOT to the method's). None where a prefill was not timed.
+
+    Example:
+        >>> result = PromptResult("gsm8k", 0, 5, {"plain": Run([1, 2, 3], 1.0, 3, prefill_seconds=0.2),
+        ...                                      "pld": Run([1, 2, 3], 0.6, 2, prefill_seconds=0.2)})
+        >>> {k: round(v, 6) for k, v in serving_times("pld", [result]).items()}
+        {'ttft_ms': 200.0, 'tpot_ms': 200.0, 'tpot_speedup': 2.0}
+    """
+    ttft = median_or_none([r.runs[method].ttft_seconds for r in results])
+    tpot = median_or_none([r.runs[method].tpot_seconds for r in results])
+    return {"ttft_ms": None if ttft is None else 1e3 * ttft, "tpot_ms": None if tpot is None else 1e3 * tpot,
+            "tpot_speedup": median_or_none([r.tpot_speedup(method) for r in results])}
 
 
 def median_or_none(values: list[float | None]) -> float | None:

@@ -7,7 +7,7 @@ import pytest
 
 import hf_dflash
 from hf_dflash import models
-from hf_dflash.evaluation import acceptance, batch, bench, demo, prompts
+from hf_dflash.evaluation import acceptance, batch, bench, demo, prompts, summaries
 from hf_dflash.evaluation.report import batch_markdown, markdown_report, save_plot
 
 
@@ -94,6 +94,28 @@ def test_acceptance_summaries():
     assert costs["cycles"] == 4 and costs["acceptance_by_position"] == [0.5, 0.25, 0.25]
 
 
+def test_summary_reports_ttft_tpot_and_the_tpot_speedup_over_plain():
+    """TTFT: the prefill; TPOT: (seconds - TTFT) / (new tokens - 1); medians over prompts, the TPOT speedup the median
+    per-prompt ratio to plain's; end to end stays the per-token ratio over the whole call. None without a prefill."""
+    def prompt(index: int, tokens: int, plain: tuple[float, float], pld: tuple[float, float]) -> summaries.PromptResult:
+        ids = list(range(tokens))  # (seconds, prefill seconds) of each method, on the same tokens
+        return summaries.PromptResult("doc_qa", index, 100, {"plain": bench.Run(ids, plain[0], tokens, None, plain[1]),
+                                                             "pld": bench.Run(ids, pld[0], 3, None, pld[1])})
+
+    results = [prompt(0, 5, (1.0, 0.2), (0.6, 0.2)),  # TPOT plain 0.2, pld 0.1: 2x after the prompt, 1.67x end to end
+               prompt(1, 3, (1.0, 0.4), (1.0, 0.4)),  # 0.3 and 0.3: 1x
+               prompt(2, 11, (3.0, 1.0), (1.5, 1.0))]  # 0.2 and 0.05: 4x
+    summary = summaries.summary_of(results, ["plain", "pld"])
+    assert summary["plain"]["ttft_ms"] == pytest.approx(400) and summary["plain"]["tpot_ms"] == pytest.approx(200)
+    assert summary["pld"]["ttft_ms"] == pytest.approx(400) and summary["pld"]["tpot_ms"] == pytest.approx(100)
+    assert summary["pld"]["tpot_speedup"] == pytest.approx(2.0) and summary["plain"]["tpot_speedup"] == 1.0
+    assert summary["pld"]["speedup"] == pytest.approx(1 / 0.6)  # the headline: end to end
+    untimed = [prompt(0, 5, (1.0, None), (0.6, 0.2)), prompt(1, 1, (1.0, 0.2), (0.6, 0.2))]
+    plain = summaries.summary_of(untimed[:1], ["plain"])["plain"]
+    assert (plain["ttft_ms"], plain["tpot_ms"], plain["tpot_speedup"]) == (None, None, None)
+    assert summaries.summary_of(untimed[1:], ["pld"])["pld"]["tpot_ms"] is None  # one token: no token after the first
+
+
 def test_run_benchmark_on_a_tiny_model(tiny_folder, tmp_path):
     target, tokenizer = models.load_target(tiny_folder / "target")
     drafter = models.load_drafter(tiny_folder / "drafter", target)
@@ -117,11 +139,12 @@ def test_run_benchmark_on_a_tiny_model(tiny_folder, tmp_path):
         assert all(0 < prompt[m]["prefill_seconds"] < prompt[m]["seconds"] for m in bench.METHODS)
         assert len(prompt["plain_tokens"]) == prompt["plain"]["new_tokens"]
         assert sum(prompt["dflash"]["acceptance_lengths"]) == prompt["dflash"]["new_tokens"] - 1  # + the prefill's
-    assert all(entry["decode_speedup"] > 0 for entry in report["results"]["overall"].values())
+    assert all(entry["tpot_speedup"] > 0 and 0 < entry["ttft_ms"] and 0 < entry["tpot_ms"]
+               for entry in report["results"]["overall"].values())
     json.dumps(report)  # JSON-ready
     text = markdown_report(report)
     assert "| overall | hf-dflash, full blocks |" in text and "ceiling" in text and "plain target step" in text
-    assert "| after the prompt |" in text.splitlines()[3] and "load average" in text
+    assert "| TTFT ms | TPOT ms | TPOT speedup |" in text.splitlines()[3] and "load average" in text
     assert save_plot(report, tmp_path / "plot.png") and (tmp_path / "plot.png").stat().st_size > 0
 
 
