@@ -89,7 +89,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     # 1. prefill: the target reads the prompts and chooses the first new token alone
     rows = Rows.for_prompts(input_ids, model_kwargs.get("attention_mask"))
     running = prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, stopping_criteria,
-                      options.do_sample, recorder, streamer)
+                      options, recorder, streamer)
     stats.prefill_seconds = time.perf_counter() - start_time
     recurrent, sliding = RecurrentStates(cache), has_sliding_window(cache)
     captured = captured_verify(target, drafter, options, cache, len(rows), bool(recurrent), stats)
@@ -198,13 +198,14 @@ def target_forward_kwargs(target, drafter, cache, options: DFlashCallOptions) ->
     return kwargs
 
 
-def prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, stopping_criteria, do_sample,
-            recorder, streamer) -> list[int]:
+def prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, stopping_criteria,
+            options: DFlashCallOptions, recorder, streamer) -> list[int]:
     """Step 1: the target reads the prompts and chooses each row's first new token; returns the rows that go on. The
     drafter's context is written layer by layer into one tensor (:class:`~features_dflash.PromptFeatureWriter`) unless
-    the caller asked for the hidden states themselves."""
-    writer = None if forward_kwargs["output_hidden_states"] is True else PromptFeatureWriter.for_target(
-        target, drafter.config.target_layer_ids)
+    the caller asked for the hidden states themselves, or for captured forwards: transformers installs the hooks that
+    record hidden states at the first forward asking for them, under a lock a compiled forward cannot trace."""
+    hooks = not (options.output_hidden_states or capture_requested(options, target.device))
+    writer = PromptFeatureWriter.for_target(target, drafter.config.target_layer_ids) if hooks else None
     with writer or contextlib.nullcontext():
         outputs = target(
             input_ids=input_ids, attention_mask=rows.slot_mask, position_ids=rows.feature_positions, logits_to_keep=1,
@@ -212,7 +213,7 @@ def prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, 
         )
     raw = outputs.logits[:, -1:].float()
     processed = logits_processor(input_ids, raw[:, 0].clone())[:, None] if len(logits_processor) else raw
-    tokens = select_tokens(processed, do_sample)
+    tokens = select_tokens(processed, options.do_sample)
     recorder.add(outputs, raw, processed, 1, prefill=True, kv_length=0)
     if streamer is not None:
         streamer.put(tokens[0].cpu())

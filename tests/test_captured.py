@@ -21,6 +21,7 @@ from conftest import (
     left_padded,
     make_drafter,
     make_prompt,
+    make_target,
 )
 from transformers import CompileConfig, StaticCache
 
@@ -54,6 +55,19 @@ def test_captured_verify_is_lossless_with_inductor(qwen3):
                     check=check)
     assert compiled[0] >= 1, "the first call compiles the verify forward"
     assert compiled[1:] == [0] * (len(DRAFTER_KINDS) - 1), "later calls (same cache length) reuse the graphs"
+
+
+def test_a_fresh_target_is_captured_from_its_first_call():
+    """A target no forward has asked for hidden states yet: transformers installs its recording hooks at the first
+    forward that asks, which must not be the compiled one (dynamo cannot trace the lock; the call would run eager)."""
+    target = make_target(seed=7)
+    drafter = make_drafter(target, block_size=8)
+    ids = make_prompt(12)
+    expected = target.generate(ids, max_new_tokens=12, do_sample=False)
+    got = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter, dflash_compile=True,
+                          compile_config=AOT_EAGER)
+    assert got.tolist() == expected.tolist()
+    assert drafter.last_stats.graphs_compiled >= 1, "the first call ran its verify eagerly"
 
 
 def test_every_policy_path_is_lossless_captured(qwen3):
