@@ -101,9 +101,10 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         # 2. draft: the policy chooses the source and count, the generator proposes them (none: a plain step)
         tic = synchronized_clock(device)
         draft, lookup = next_draft(policy, generator, rows, cache, trees=tree is not None)
+        context, positions = rows.unread() if draft.count and not draft.from_lookup else (None, None)
         candidates, draft_scores = generator.get_candidates(
-            rows.anchors(), rows.features, draft=draft, lookup=lookup, histories=rows.histories,
-            context_positions=rows.feature_positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
+            rows.anchors(), context, draft=draft, lookup=lookup, histories=rows.histories,
+            context_positions=positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
         )
         drafts, drafted = candidates[:, 1:], synchronized_clock(device)
         drafter_ran = drafts.shape[1] > 0 and not draft.from_lookup
@@ -181,7 +182,7 @@ def static_room(cache, drafter_cache, rows, block_size: int) -> int | None:
         return None
     free = free_slots(cache, cache_slots(cache) or 0)
     if free < block_size and rows.slot_mask is not None and not bool(rows.slot_mask.all()):
-        rows.slot_mask = compact_slots([cache, drafter_cache], rows.slot_mask, unread=rows.features.shape[1])
+        rows.slot_mask = compact_slots([cache, drafter_cache], rows.slot_mask, unread=rows.unread()[0].shape[1])
         free = free_slots(cache, cache_slots(cache))
     if free < 1:  # empty_target_cache sized the cache so that this cannot happen
         raise RuntimeError(f"The static cache is full ({cache_slots(cache)} slots); pass a larger max_cache_len.")

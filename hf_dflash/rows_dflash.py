@@ -5,7 +5,7 @@ stops (exactly where plain ``generate`` would), and the outputs plain ``generate
 Part of the remote-code payload: imports only torch, transformers and sibling modules.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,8 @@ class Rows:
     feature_positions: torch.Tensor  # [b, n]: positions of the slots verified since the drafter last read features
     features: torch.Tensor | None = None  # [b, n, T*H]: their target features, the drafter's next context
     anchor_positions: torch.Tensor | None = None  # [b]: position of each row's anchor (its last committed token)
+    # plain steps' (features, positions), after `features`: joined when the drafter reads them (see `unread`)
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
 
     @classmethod
     def for_prompts(cls, input_ids, attention_mask=None) -> "Rows":
@@ -64,6 +66,17 @@ class Rows:
         self.features, self.anchor_positions = features, self.feature_positions[:, -1] + 1
         return [r for r in range(len(self)) if self._extend(r, tokens[r], scores[r], stopping_criteria)[1]]
 
+    def unread(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [b, n, T*H], positions [b, n]) of the slots verified since the drafter last read: its next
+        context. Plain steps leave theirs in pieces, joined here once, when the drafter reads them: joined at every
+        step, a long prompt's unread features were copied per step while the policy took plain steps (+13% per token
+        after a 2K-token prompt on a CPU)."""
+        if self.pending:
+            self.features = torch.cat([self.features, *(f for f, _ in self.pending)], dim=1)
+            self.feature_positions = torch.cat([self.feature_positions, *(p for _, p in self.pending)], dim=1)
+            self.pending = []
+        return self.features, self.feature_positions
+
     def retire(self, running: list[int], *caches) -> bool:
         """Keep only the rows `running` (indices), here and in `caches`; the others are finished. False: none left."""
         if len(running) == len(self):
@@ -76,7 +89,8 @@ class Rows:
         for cache in caches:
             select_cache_rows(cache, keep)
         self.histories, self.ids = [self.histories[r] for r in running], [self.ids[r] for r in running]
-        self.features, self.feature_positions = self.features[keep], self.feature_positions[keep]
+        features, positions = self.unread()
+        self.features, self.feature_positions = features[keep], positions[keep]
         self.anchor_positions = self.anchor_positions[keep]
         self.slot_mask = self.slot_mask[keep] if self.slot_mask is not None else None
         return True
@@ -109,10 +123,9 @@ class Rows:
             before = self.slot_mask if self.slot_mask is not None else real.new_ones(len(self), cached)
             self.slot_mask = torch.cat([before, real], dim=1)
         if drafter_read:
-            self.features, self.feature_positions = features[:, :keep], positions[:, :keep]
+            self.features, self.feature_positions, self.pending = features[:, :keep], positions[:, :keep], []
         else:  # a plain step: the drafter has not read the previous features either; it reads both next time
-            self.features = torch.cat([self.features, features[:, :keep]], dim=1)
-            self.feature_positions = torch.cat([self.feature_positions, positions[:, :keep]], dim=1)
+            self.pending.append((features[:, :keep], positions[:, :keep]))
         self.anchor_positions = self.anchor_positions + accepted + 1
         running, committed = [], []
         for r, n in enumerate(accepted.tolist()):

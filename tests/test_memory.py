@@ -8,15 +8,22 @@ import pytest
 import torch
 from conftest import FAMILIES, family_target, make_drafter, make_prompt, make_target
 
+from hf_dflash import policy_dflash
 from hf_dflash.evaluation.memory import PeakTensorMemory
 from hf_dflash.features_dflash import PromptFeatureWriter
 from hf_dflash.modeling_dflash import target_features
+from hf_dflash.schedules_dflash import FullBlocks
+
+
+def measured(target, ids, max_new_tokens: int = 4, **kwargs) -> PeakTensorMemory:
+    with torch.inference_mode(), PeakTensorMemory() as memory:
+        target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                        **kwargs)
+    return memory
 
 
 def peak_bytes(target, ids, **kwargs) -> int:
-    with torch.inference_mode(), PeakTensorMemory() as memory:
-        target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, **kwargs)
-    return memory.peak_bytes
+    return measured(target, ids, **kwargs).peak_bytes
 
 
 def test_the_prompt_features_are_held_once():
@@ -55,3 +62,18 @@ def test_the_last_layer_and_asked_hidden_states_keep_the_hidden_states_path():
     asked = target.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=make_drafter(target),
                             output_hidden_states=True, return_dict_in_generate=True)
     assert asked.sequences.tolist() == plain.tolist() and asked.hidden_states is not None
+
+
+def test_plain_steps_do_not_copy_the_prompts_features(monkeypatch):
+    """While the policy takes plain steps the drafter reads nothing, and the prompt's features wait: each step's
+    features are kept beside them, not joined to them (which copied the prompt's features at every step)."""
+    monkeypatch.setitem(policy_dflash.POLICIES, "plain steps", lambda *args: FullBlocks(0))
+    target = make_target(num_hidden_layers=16, intermediate_size=64, max_position_embeddings=2048)
+    drafter = make_drafter(target, target_layer_ids=list(range(15)))
+    ids = make_prompt(1024)
+    features = ids.shape[1] * 15 * target.config.hidden_size * 4
+    plain = measured(target, ids, max_new_tokens=16).allocated_bytes
+    ours = measured(target, ids, max_new_tokens=16, assistant_model=drafter, dflash_policy="plain steps")
+    assert drafter.last_stats.drafts_per_cycle == [0] * 15
+    extra = ours.allocated_bytes - plain
+    assert extra < 2 * features, f"15 plain steps allocated {extra / features:.1f}x the prompt's features beyond plain"

@@ -33,9 +33,10 @@ def watch_drafter_context(monkeypatch, target, drafter) -> dict:
             history = rows.histories[0]
             with torch.no_grad():
                 hidden = target(history[None], output_hidden_states=True).hidden_states
-            fresh = drafter.target_features(hidden)[:, rows.feature_positions[0]]
+            features, positions = rows.unread()
+            fresh = drafter.target_features(hidden)[:, positions[0]]
             torch.testing.assert_close(
-                rows.features, fresh, rtol=1e-4, atol=1e-5,
+                features, fresh, rtol=1e-4, atol=1e-5,
                 msg=lambda m: f"drafter context after cycle {seen['checks']} (history {history.tolist()}): {m}")
             seen["checks"] += 1
         return running, committed

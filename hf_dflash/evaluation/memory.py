@@ -26,14 +26,14 @@ from torch.utils._pytree import tree_flatten
 
 class PeakTensorMemory(TorchDispatchMode):
     """A dispatch mode that counts the bytes of the tensor storages operators allocate inside it: `live_bytes` now,
-    `peak_bytes` the most at any moment, and (with `snapshot`) `largest_at_peak`, (nbytes, shape) of the largest
+    `peak_bytes` the most at any moment, `allocated_bytes` all it allocated (what a call copies), and (with `snapshot`) `largest_at_peak`, (nbytes, shape) of the largest
     storages alive then. Storages that
     existed before (weights, the caller's inputs) are not counted."""
 
     def __init__(self, snapshot: bool = False) -> None:
         super().__init__()
         self.snapshot = snapshot  # keep `largest_at_peak` (costs a sort at every new peak)
-        self.live_bytes = self.peak_bytes = 0
+        self.live_bytes = self.peak_bytes = self.allocated_bytes = 0
         self.largest_at_peak: list[tuple[int, tuple[int, ...]]] = []
         self._live: dict[int, tuple[int, tuple[int, ...]]] = {}
         self._refs: dict[int, weakref.ref] = {}
@@ -57,6 +57,7 @@ class PeakTensorMemory(TorchDispatchMode):
         # torch keeps one Python object per storage while the storage lives: its weak reference dies with the storage
         self._refs[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
         self.live_bytes += nbytes
+        self.allocated_bytes += nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             if self.snapshot:
