@@ -6,7 +6,8 @@ Asking the target for ``output_hidden_states`` keeps each selected layer's [b, n
 forward ends, and :func:`~modeling_dflash.target_features` then concatenates them into a new [b, n, T*H] tensor: for
 a moment the prompt's features are held twice (188 MiB at 8K tokens for SmolLM2-135M's five layers in fp32). Here a
 forward hook on each selected decoder layer copies its output into its slice of one tensor allocated at the first
-hook, and the layer's own output is freed as the forward goes on, as in plain decoding.
+hook, and the layer's own output is freed as the forward goes on, as in plain decoding. The hooks sit on modules a
+server's other threads may be running at the same moment, so they write only for the thread that entered the writer.
 
 Part of the remote-code payload: imports only torch and transformers.
 
@@ -17,6 +18,8 @@ Example:
     >>> writer.features.shape  # doctest: +SKIP
     torch.Size([1, 8192, 2880])
 """
+
+import threading
 
 import torch
 from torch import nn
@@ -42,6 +45,7 @@ class PromptFeatureWriter:
         self.layers = layers
         self.features: torch.Tensor | None = None
         self._handles: list = []
+        self._thread: int | None = None
 
     @classmethod
     def for_target(cls, target, layer_ids: list[int]) -> "PromptFeatureWriter | None":
@@ -54,6 +58,7 @@ class PromptFeatureWriter:
 
     def __enter__(self) -> "PromptFeatureWriter":
         self.features = None
+        self._thread = threading.get_ident()
         self._handles = [layer.register_forward_hook(self._writer(k)) for k, layer in enumerate(self.layers)]
         return self
 
@@ -64,6 +69,8 @@ class PromptFeatureWriter:
 
     def _writer(self, k: int):
         def write(module, args, output):
+            if threading.get_ident() != self._thread:  # another thread's forward through the same layers
+                return None
             hidden = output[0] if isinstance(output, tuple) else output
             if self.features is None:
                 batch, length, width = hidden.shape
