@@ -13,7 +13,8 @@ config):
   2. draft: the call's draft policy (policy_dflash.py) chooses how many drafts to verify and from which source; the
      drafter reads the target features of the newly committed tokens and proposes up to ``block_size - 1`` tokens in
      ONE forward over ``[anchor, MASK, ...]`` (candidates_dflash.py), or a prompt-lookup continuation is proposed
-     (lookup_dflash.py), or none (a plain step);
+     (lookup_dflash.py), or none (a plain step; when the policy probes, the drafter's block is proposed and scored
+     against the tokens committed next instead of verified);
   3. verify: the target scores ``[anchor, drafts]`` in ONE forward (with ``dflash_tree_budget``, steps 3-5 run over
      a tree of drafts instead: tree_dflash.py);
   4. accept: greedy: the longest prefix of drafts equal to the target's own choices, plus the target's next token;
@@ -101,17 +102,12 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         # 2. draft: the policy chooses the source and count, the generator proposes them (none: a plain step)
         tic = synchronized_clock(device)
         draft, lookup = next_draft(policy, generator, rows, cache, trees=tree is not None)
-        context, positions = rows.unread() if draft.count and not draft.from_lookup else (None, None)
-        candidates, draft_scores = generator.get_candidates(
-            rows.anchors(), context, draft=draft, lookup=lookup, histories=rows.histories,
-            context_positions=positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
-        )
+        candidates, draft_scores, drafter_ran = proposed(generator, policy, rows, draft, lookup)
         drafts, drafted = candidates[:, 1:], synchronized_clock(device)
-        drafter_ran = drafts.shape[1] > 0 and not draft.from_lookup
         draft_seconds = drafted - tic if drafter_ran else None
         stats.draft_seconds += drafted - tic
         stats.lookup_cycles += int(draft.from_lookup)
-        if tree is not None and drafter_ran:  # steps 3-5 over a tree of drafts
+        if tree is not None and drafts.shape[1] and not draft.from_lookup:  # steps 3-5 over a tree of drafts
             running = tree.cycle(rows, cache, draft_scores, stats, recorder, streamer, draft_seconds)
             continue
 
@@ -154,21 +150,40 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
 def next_draft(policy: DraftPolicy, generator, rows, cache, trees: bool) -> tuple[Draft, list[int]]:
     """Step 2's choice: (the policy's :class:`Draft`, the lookup continuation on offer). The offer (batch size 1, when
     the call has a lookup source) is scored by the policy whether verified or not; a tree takes the drafter's whole
-    block whenever the drafter runs (the policy then sizes the tree: :meth:`DraftPolicy.tree_budget`). The anchor and
-    the drafts fit before a static target `cache`'s end (:func:`static_room`)."""
+    block whenever the drafter's drafts are verified (the policy then sizes the tree:
+    :meth:`DraftPolicy.tree_budget`). The anchor and the drafts fit before a static target `cache`'s end
+    (:func:`static_room`)."""
     histories = rows.histories
     found = generator.lookup_offer(histories)
     offer, size = found if found is not None else ([], 0)
-    if found is not None:
-        policy.observe_lookup_offer(histories[0], offer, size)
+    if len(histories) == 1:  # the offers of earlier cycles are scored against the text committed since
+        policy.observe_offers(histories[0], offer, size)
     draft = policy.choose(len(histories), histories[0].device, len(offer), size,
                           context=max(len(h) for h in histories))
-    if trees and draft.count and not draft.from_lookup:
+    if trees and draft.count and not draft.from_lookup and not draft.scored_only:
         draft = Draft(policy.most)
     room = static_room(cache, generator.cache, rows, generator.block_size)  # None: the cache grows
     if room is not None and draft.count >= room:  # verify what fits (a chain always does: see static_room)
         draft = draft._replace(count=room - 1)
     return draft, offer
+
+
+def proposed(generator, policy: DraftPolicy, rows, draft: Draft, lookup: list[int]):
+    """Step 2's proposal: (the candidates to verify, [b, 1 + drafts], the scores the drafts were chosen from, whether
+    the drafter ran). The drafter reads the features the target committed since it last ran; a probe's drafts
+    (``draft.scored_only``) go to the policy to be scored against the tokens committed next, and the target steps
+    plainly."""
+    context, positions = rows.unread() if draft.count and not draft.from_lookup else (None, None)
+    candidates, draft_scores = generator.get_candidates(
+        rows.anchors(), context, draft=draft, lookup=lookup, histories=rows.histories,
+        context_positions=positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
+    )
+    drafter_ran = candidates.shape[1] > 1 and not draft.from_lookup
+    if draft.scored_only:  # (fewer drafts near max_length: the room left; none at its end)
+        if drafter_ran:
+            policy.observe_drafter_offer(rows.histories[0], candidates[0, 1:].tolist())
+        candidates, draft_scores = candidates[:, :1], None
+    return candidates, draft_scores, drafter_ran
 
 
 def static_room(cache, drafter_cache, rows, block_size: int) -> int | None:

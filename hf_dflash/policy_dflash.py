@@ -73,12 +73,18 @@ class CostAwarePolicy:
       - while drafting wins, a plain step every ``REFRESH`` cycles re-measures t(1) (a machine that got faster would
         otherwise keep a drafter that no longer pays), and a full block every ``REFRESH`` cycles the far end of the
         cost curve and the deep acceptance (one slow first sample must not keep long chains out for good);
-      - while plain steps win, a drafter cycle is tried after 4 plain steps, then 8, 16, ... up to 64 (a drafter that
-        improves, or a costlier target, is noticed); a probe accepted in full is followed at once by one twice as
-        deep; where only the doubt of few counts keeps the drafter out (choices bet on rates ``DOUBT`` standard
-        errors below their estimates), it is probed every ``PROMISING_PROBE`` steps until more counts settle it;
+      - while plain steps win, the drafter is probed after 4 plain steps, then 8, 16, ... up to 64 (a drafter that
+        improves, or a costlier target, is noticed); where only the doubt of few counts keeps the drafter out
+        (choices bet on rates ``DOUBT`` standard errors below their estimates), every ``PROMISING_PROBE`` steps until
+        more counts settle it (a bet expected to pay: verified). Greedy at batch size 1 a backoff probe is scored,
+        not verified: the drafter proposes a whole block, the target takes its plain step, and the drafts are scored
+        depth by depth against the tokens committed after them (exactly what verifying them would have accepted), so
+        it costs one drafter forward (a verified 2-draft probe cost ~2.3 plain steps on a CPU: SmolLM2-135M on
+        MT-Bench, where probes were all the drafter got, ran at 0.93x of plain). Sampling, or in a batch, a backoff
+        probe verifies few drafts (``PROBE_DRAFTS``); a verified probe accepted in full is followed at once by one
+        twice as deep;
       - the lookup source needs no probing: every cycle's offer, taken or not, is scored against the tokens
-        committed after it (:meth:`observe_lookup_offer`), so copy-heavy text is found from its first cycles and a
+        committed after it (:meth:`observe_offers`), so copy-heavy text is found from its first cycles and a
         lookup that stops holding is dropped, at no cost.
     Costs are robust to noise (:class:`CostTable`: the lower median of the recent samples, t(1) their least) and kept
     with the target they describe, per length of context (:func:`~costs_dflash.context_bucket`); acceptance
@@ -114,8 +120,10 @@ class CostAwarePolicy:
     REMEMBERED = ("reached", "accepted", "plain_streak", "probe_after", "cycles", "lookup_reached",
                   "lookup_accepted", "tree_expected", "tree_accepted")
 
-    def __init__(self, target, most: int, memory: dict | None = None, captured: tuple[int, ...] = ()):
+    def __init__(self, target, most: int, memory: dict | None = None, captured: tuple[int, ...] = (),
+                 scored_probes: bool = True):
         self.target, self.most = target, most
+        self.scored_probes = scored_probes  # greedy calls: probes are scored against the text, not verified
         self.captured = captured  # the widths the call's verify forward is captured at (none: eager)
         self.reached = [0.0] * most
         self.accepted = [0.0] * most
@@ -125,7 +133,8 @@ class CostAwarePolicy:
         self.probe_drafts, self.follow_up = 0, 0  # drafts of the probe in flight; of the deeper one to follow it
         self.cycles = 0
         self.tree_expected, self.tree_accepted = 0.0, 0.0  # trees: drafts the drafter expected vs those accepted
-        self.lookup_offers: list[tuple[int, list[int], int]] = []  # (text length, drafts, n-gram size) not scored yet
+        # offers not scored to their end yet: (text length, drafts, n-gram size or None for the drafter's, scored)
+        self.offers: list[tuple[int, list[int], int | None, int]] = []
         self.context = 0  # tokens of text this cycle's forwards attend to (the costs of its length are used)
         # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
         self.memory = memory if memory is not None else {}
@@ -164,29 +173,53 @@ class CostAwarePolicy:
         rates = rates_by_depth(self.lookup_accepted.get(size, []), reached, prior=0.25, doubt=doubt)[:length] or [0.25]
         return rates + rates[-1:] * (length - len(rates))
 
-    def observe_lookup_offer(self, history: torch.Tensor, offer: list[int], size: int) -> None:
-        """Rate the prompt-lookup source from every cycle's offer, verified or not: `offer` (drafts after the last
-        token of `history` [L], the committed text; found by an n-gram of `size` tokens; [] for none) is scored
-        depth by depth as the tokens committed after it show whether the target takes each draft (the first that
-        differs ends it). Greedy: exactly what verifying the offer would accept. Sampling: committed tokens follow the
-        target's law, so a draft is repeated with the probability that speculative sampling accepts it (a point-mass
-        draft is accepted with p(draft)). So lookups need no trials: a text that copies itself shows within a few
-        cycles (plain steps included), and a lookup that stops holding is dropped, whatever the policy chose.
+    def observe_offers(self, history: torch.Tensor, offer: list[int], size: int) -> None:
+        """Rate the prompt-lookup source from every cycle's offer, verified or not, and the drafter from its scored
+        probes: `history` [L] is the committed text, `offer` this cycle's lookup drafts after its last token (found by
+        an n-gram of `size` tokens; [] for none). Each offer is scored depth by depth as the tokens committed after it
+        show whether the target takes each draft (the first that differs ends it). Greedy: exactly what verifying
+        the offer would accept. Sampling: committed tokens follow the target's law, so a draft is repeated with the
+        probability that speculative sampling accepts it (a point-mass draft is accepted with p(draft)). So lookups
+        need no trials: a text that copies itself shows within a few cycles (plain steps included), and a lookup that
+        stops holding is dropped, whatever the policy chose.
 
         Example:
             >>> policy = CostAwarePolicy(None, most=7)
-            >>> policy.observe_lookup_offer(torch.tensor([5, 6, 7, 5, 6]), [7, 5, 6], size=2)
-            >>> policy.observe_lookup_offer(torch.tensor([5, 6, 7, 5, 6, 7, 9]), [], size=0)  # 7 taken, then 9
+            >>> policy.observe_offers(torch.tensor([5, 6, 7, 5, 6]), [7, 5, 6], size=2)
+            >>> policy.observe_offers(torch.tensor([5, 6, 7, 5, 6, 7, 9]), [], size=0)  # 7 taken, then 9
             >>> policy.lookup_accepted[2], policy.lookup_reached[2]
             ([1.0, 0.0, 0.0], [1.0, 1.0, 0.0])
         """
+        if offer:
+            for counts in (self.lookup_reached, self.lookup_accepted):
+                depths = counts.setdefault(size, [])
+                depths.extend([0.0] * (len(offer) - len(depths)))
+        self._score_offers(history, (len(history), list(offer), size, 0) if offer else None)
+
+    def observe_drafter_offer(self, history: torch.Tensor, drafts: list[int]) -> None:
+        """The drafts of a scored probe (:class:`Draft` ``scored_only``), proposed after the committed text `history`
+        and not verified: :meth:`observe_offers` scores them as the next cycles commit tokens, into the drafter's
+        acceptance counts (one verification's worth, as if they had been verified).
+
+        Example:
+            >>> policy = CostAwarePolicy(None, most=3)
+            >>> policy.observe_drafter_offer(torch.tensor([5, 6]), [7, 8, 9])
+            >>> policy.observe_offers(torch.tensor([5, 6, 7]), [], size=0)  # a plain step commits 7
+            >>> policy.observe_offers(torch.tensor([5, 6, 7, 8, 4]), [], size=0)  # then 8, and 4 for 9
+            >>> policy.accepted, policy.reached
+            ([1.0, 1.0, 0.0], [1.0, 1.0, 1.0])
+        """
+        self._score_offers(history, (len(history), list(drafts[: self.most]), None, 0))
+
+    def _score_offers(self, history: torch.Tensor, new: tuple | None) -> None:
         pending = []
-        for start, drafts, drafts_size, scored in self.lookup_offers:
-            reached, hits = self.lookup_reached[drafts_size], self.lookup_accepted[drafts_size]
+        for start, drafts, size, scored in self.offers:
+            reached, hits, memory = ((self.reached, self.accepted, self.MEMORY) if size is None else
+                                     (self.lookup_reached[size], self.lookup_accepted[size], self.LOOKUP_MEMORY))
             committed = history[start + scored : start + len(drafts)].tolist()
             if scored == 0 and committed:  # a new verification-equivalent: older ones weigh less
-                decay(reached, self.LOOKUP_MEMORY)
-                decay(hits, self.LOOKUP_MEMORY)
+                decay(reached, memory)
+                decay(hits, memory)
             held = True
             for depth, token in enumerate(committed, scored):
                 held = token == drafts[depth]
@@ -196,13 +229,8 @@ class CostAwarePolicy:
                 if not held:
                     break
             if held and scored < len(drafts):
-                pending.append((start, drafts, drafts_size, scored))
-        if offer:
-            for counts in (self.lookup_reached, self.lookup_accepted):
-                depths = counts.setdefault(size, [])
-                depths.extend([0.0] * (len(offer) - len(depths)))
-            pending.append((len(history), list(offer), size, 0))
-        self.lookup_offers = pending
+                pending.append((start, drafts, size, scored))
+        self.offers = pending + ([new] if new is not None else [])
         self._remember()
 
     def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
@@ -240,7 +268,7 @@ class CostAwarePolicy:
         best = self._best_chain(table, width, lookup_length, lookup_size)
         if best.speed > best.plain_speed:
             return self._draft(best.draft, table, width)
-        return self._plain_step_or_probe(best)
+        return self._plain_step_or_probe(best, batch)
 
     def _measure_first(self, table: CostTable, width) -> Draft | None:
         """A call starts with a full block: the drafter's cost, a wide verify and the acceptance at every depth (once:
@@ -277,11 +305,13 @@ class CostAwarePolicy:
             return Draft(self.most)
         return draft
 
-    def _plain_step_or_probe(self, best: "_Weighed") -> Draft:
+    def _plain_step_or_probe(self, best: "_Weighed", batch: int) -> Draft:
         """A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). A probe
         accepted in full is followed at once by one twice as deep. Where the estimated rates say the drafter pays and
         only their doubt says not, a probe every :attr:`PROMISING_PROBE` steps with the count they favour; else after a
-        backoff doubling from 4 to 64 plain steps, with the fewest drafts that tell (:attr:`PROBE_DRAFTS`)."""
+        backoff doubling from 4 to 64 plain steps, with the fewest drafts that tell (:attr:`PROBE_DRAFTS`); where the
+        policy can score a backoff probe (greedy, batch size 1), it proposes the whole block and verifies none of it
+        (a promising probe is a bet expected to pay, so it is verified)."""
         if self.follow_up:
             drafts, self.follow_up = self.follow_up, 0
             return self._probe(drafts)
@@ -293,6 +323,8 @@ class CostAwarePolicy:
         if promising:
             return self._probe(max(best.hopeful_drafts, self.PROBE_DRAFTS))
         self.probe_after = min(64, 2 * self.probe_after)
+        if self.scored_probes and batch == 1:  # the whole block for one drafter forward: no verify row added
+            return Draft(self.most, scored_only=True)
         return self._probe(self.PROBE_DRAFTS)
 
     def _probe(self, drafts: int) -> Draft:
@@ -338,8 +370,8 @@ class CostAwarePolicy:
 # ----------------------------------------------------------------------------------------------------------------------
 # the call's policy, by name: options.policy -> the policy of a call (its options, target, drafter, most drafts)
 POLICIES = {
-    "cost": lambda options, target, drafter, most, captured: CostAwarePolicy(target, most, policy_memory(drafter),
-                                                                             captured),
+    "cost": lambda options, target, drafter, most, captured: CostAwarePolicy(
+        target, most, policy_memory(drafter), captured, scored_probes=not options.do_sample),
     "full": lambda options, target, drafter, most, captured: FullBlocks(most),
     "heuristic": lambda options, target, drafter, most, captured: HeuristicSchedule(most,
                                                                                     drafter.config.block_size - 1),
@@ -355,7 +387,7 @@ def draft_policy(options: DFlashCallOptions, target, drafter, captured: tuple[in
         >>> from types import SimpleNamespace
         >>> drafter = SimpleNamespace(config=SimpleNamespace(block_size=16))
         >>> draft_policy(DFlashCallOptions(policy="heuristic", num_assistant_tokens=4), None, drafter).choose(1, "cpu")
-        Draft(count=4, from_lookup=False)
+        Draft(count=4, from_lookup=False, scored_only=False)
     """
     most = most_drafts(drafter.config.block_size, options.num_assistant_tokens)
     return POLICIES[options.policy](options, target, drafter, most, captured)

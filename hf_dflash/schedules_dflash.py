@@ -12,10 +12,13 @@ import torch
 
 
 class Draft(NamedTuple):
-    """One cycle's choice: verify `count` drafts (0: a plain target step), from the prompt lookup or the drafter."""
+    """One cycle's choice: verify `count` drafts (0: a plain target step), from the prompt lookup or the drafter; or,
+    `scored_only`, a probe: the drafter proposes `count` drafts that are not verified (the target takes a plain step)
+    and the policy scores them against the tokens committed after them (:meth:`DraftPolicy.observe_drafter_offer`)."""
 
     count: int
     from_lookup: bool = False
+    scored_only: bool = False
 
 
 def most_drafts(block_size: int, num_assistant_tokens: int | None) -> int:
@@ -37,8 +40,12 @@ class DraftPolicy(Protocol):
         """The next cycle's draft: `lookup_length` tokens of prompt-lookup continuation are on offer (0: none), found
         by an n-gram of `lookup_size` tokens; `context` tokens of text so far (the longest row)."""
 
-    def observe_lookup_offer(self, history: torch.Tensor, offer: list[int], size: int) -> None:
-        """This cycle's lookup offer (batch size 1), verified or not, after the committed text `history`."""
+    def observe_offers(self, history: torch.Tensor, offer: list[int], size: int) -> None:
+        """Every cycle at batch size 1: the committed text `history`, against which earlier offers are scored, and this
+        cycle's lookup offer, verified or not (found by an n-gram of `size` tokens; [] for none)."""
+
+    def observe_drafter_offer(self, history: torch.Tensor, drafts: list[int]) -> None:
+        """The drafts of a ``scored_only`` probe after the committed text `history`: not verified, scored later."""
 
     def observe_costs(self, batch: int, device, width: int, target_seconds: float,
                       draft_seconds: float | None = None) -> None:
@@ -62,7 +69,7 @@ class FullBlocks(DraftPolicy):
     Example:
         >>> policy = FullBlocks(15)
         >>> policy.choose(1, "cpu"), policy.tree_budget([0.0, -0.1, -0.5], 1, "cpu")
-        (Draft(count=15, from_lookup=False), 2)
+        (Draft(count=15, from_lookup=False, scored_only=False), 2)
     """
 
     def __init__(self, drafts: int):

@@ -6,6 +6,7 @@ proposes, and lookup settings are resolved once in DFlashCallOptions."""
 
 import collections
 import dataclasses
+import itertools
 import gc
 import weakref
 
@@ -30,9 +31,10 @@ def test_the_library_default_is_the_cost_aware_policy():
     assert LIBRARY_DEFAULT_POLICY == "cost"
 
 
-def policy_with(monkeypatch, verify: dict, draft: float, rate: float, most: int = 15) -> CostAwarePolicy:
+def policy_with(monkeypatch, verify: dict, draft: float, rate: float, most: int = 15,
+                scored_probes: bool = False) -> CostAwarePolicy:
     target = cached_target("qwen3")
-    policy = CostAwarePolicy(target, most)
+    policy = CostAwarePolicy(target, most, scored_probes=scored_probes)
     policy.cycles = 1  # past the first (full-block) cycle
     table = CostTable()
     for width, seconds in verify.items():
@@ -58,6 +60,62 @@ def test_a_weak_drafter_gets_plain_steps_and_is_probed_now_and_then(monkeypatch)
     concave = policy_with(monkeypatch, {1: 0.010, 2: 0.016, 3: 0.017, 8: 0.0175, 16: 0.023}, draft=0.002, rate=0.4)
     probes = [k for k in (concave.choose(1, "cpu")[0] for _ in range(40)) if k]
     assert probes and set(probes) == {CostAwarePolicy.PROBE_DRAFTS}, probes
+
+
+def test_a_greedy_call_scores_its_probes_instead_of_verifying_them(monkeypatch):
+    # the same weak drafter: at batch size 1 each probe is the whole block, scored only (a plain step's cost plus a
+    # drafter forward), at the same steps; in a batch the probes are verified, few drafts each
+    scored = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.1, scored_probes=True)
+    choices = [scored.choose(1, "cpu") for _ in range(40)]
+    assert [i for i, d in enumerate(choices) if d.count] == [3, 11, 27]
+    assert all(d.scored_only and d.count == 15 for d in choices if d.count)
+    batched = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.1, scored_probes=True)
+    install_cost_table(monkeypatch, batched.target, batched.table(1, "cpu"), batch=2)
+    probes = [d for d in (batched.choose(2, "cpu") for _ in range(40)) if d.count]
+    assert probes and all(not d.scored_only and d.count == CostAwarePolicy.PROBE_DRAFTS for d in probes)
+
+
+def test_a_scored_probe_counts_as_one_verification_of_what_the_target_committed():
+    policy = CostAwarePolicy(None, most=4)
+    policy.observe_acceptance(4, [4])  # one verification before: all four depths reached and accepted
+    policy.observe_drafter_offer(torch.tensor([5, 6]), [7, 8, 9, 10])
+    policy.observe_offers(torch.tensor([5, 6]), [], size=0)  # nothing committed yet: nothing scored, nothing aged
+    assert policy.reached == [1.0] * 4
+    policy.observe_offers(torch.tensor([5, 6, 7]), [], size=0)
+    policy.observe_offers(torch.tensor([5, 6, 7, 8, 3]), [], size=0)  # the third draft (9) is not what came
+    memory = CostAwarePolicy.MEMORY
+    assert policy.reached == pytest.approx([memory + 1, memory + 1, memory + 1, memory])
+    assert policy.accepted == pytest.approx([memory + 1, memory + 1, memory, memory])
+    assert policy.offers == []  # scored to its end: dropped
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_a_scored_probe_steps_plainly_and_the_drafter_reads_every_position_once(tree, monkeypatch):
+    """Scripted choices mixing plain steps, scored probes and verified blocks: the output is plain generate's, a
+    probe verifies nothing (a plain step in the stats) and its drafts reach the policy, and the drafter reads the
+    committed positions once each, in order (a probe's features must not be read again at the next draft)."""
+    target = cached_target("qwen3")
+    drafter, prompt = make_drafter(target, block_size=6), make_prompt(10, seed=3)
+    install_cost_table(monkeypatch, target, CostTable())
+    script = itertools.cycle([0, "probe", 0, 0, "probe", "block"])
+    choices = {0: lambda most: Draft(0), "probe": lambda most: Draft(most, scored_only=True),
+               "block": lambda most: Draft(most)}
+    monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *args, **kwargs: choices[next(script)](self.most))
+    offers, read = [], []
+    observe = CostAwarePolicy.observe_drafter_offer
+    monkeypatch.setattr(CostAwarePolicy, "observe_drafter_offer",
+                        lambda self, history, drafts: offers.append(len(drafts)) or observe(self, history, drafts))
+    propose = DFlashCandidateGenerator.propose
+    monkeypatch.setattr(DFlashCandidateGenerator, "propose", lambda self, histories, context, positions, *args,
+                        **kwargs: read.extend(positions[0].tolist()) or propose(self, histories, context, positions,
+                                                                               *args, **kwargs))
+    assisted = dict(dflash_policy="cost", dflash_lookup=False) | ({"dflash_tree_budget": 4} if tree else {})
+    assert_lossless(target, drafter, prompt, kinds=["random"], max_new_tokens=30, assisted=assisted)
+    assert offers and offers[:-1] == [5] * (len(offers) - 1) and 0 < offers[-1] <= 5, offers  # a block (cut at the end)
+    assert read == list(range(len(read))), read  # every position once, in order
+    cycles = drafter.last_stats.drafts_per_cycle
+    verified = sum(1 for count in cycles if count)
+    assert cycles.count(0) >= 4 * verified > 0, cycles  # of every 6 cycles, 5 verify no draft (2 of them probes)
 
 
 def test_a_good_drafter_verifies_long_chains_and_flat_costs_favour_longer_ones(monkeypatch):
@@ -262,12 +320,12 @@ def copy_prompt(seed: int = 1) -> torch.Tensor:
 def test_lookup_drafts_win_where_they_are_accepted_and_give_way_where_they_are_not(monkeypatch):
     weak = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)
     weak.lookup_reached[2], weak.lookup_accepted[2] = [50.0] * 10, [45.0] * 10  # lookups of 2-grams held 90%
-    k, from_lookup = weak.choose(1, "cpu", lookup_length=10, lookup_size=2)
+    k, from_lookup, _ = weak.choose(1, "cpu", lookup_length=10, lookup_size=2)
     assert from_lookup and k >= 5
-    assert weak.choose(1, "cpu", lookup_length=3, lookup_size=2) == (3, True)  # no more than is on offer
-    assert weak.choose(1, "cpu") == (0, False)  # nothing on offer: the weak drafter loses to a plain step
+    assert weak.choose(1, "cpu", lookup_length=3, lookup_size=2) == Draft(3, True)  # no more than is on offer
+    assert weak.choose(1, "cpu") == Draft(0)  # nothing on offer: the weak drafter loses to a plain step
     strong = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.95)
-    assert strong.choose(1, "cpu", lookup_length=10, lookup_size=2) == (15, False)  # unrated lookups: the drafter
+    assert strong.choose(1, "cpu", lookup_length=10, lookup_size=2) == Draft(15)  # unrated lookups: the drafter
     failing = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)
     failing.lookup_reached[2], failing.lookup_accepted[2] = [50.0] * 10, [0.0] * 10
     assert not any(failing.choose(1, "cpu", lookup_length=10, lookup_size=2)[1] for _ in range(200))
@@ -281,8 +339,8 @@ def test_lookups_that_win_do_not_restart_the_drafters_probing(monkeypatch):
     policy.lookup_reached[2], policy.lookup_accepted[2] = [50.0] * 10, [45.0] * 10
     choices = [policy.choose(1, "cpu", **({"lookup_length": 10, "lookup_size": 2} if i % 5 == 4 else {}))
                for i in range(100)]
-    assert all(from_lookup for i, (_, from_lookup) in enumerate(choices) if i % 5 == 4), choices
-    probes = [i for i, (k, from_lookup) in enumerate(choices) if k and not from_lookup]
+    assert all(from_lookup for i, (_, from_lookup, _) in enumerate(choices) if i % 5 == 4), choices
+    probes = [i for i, (k, from_lookup, _) in enumerate(choices) if k and not from_lookup]
     assert len(probes) == 4, probes  # after 4, 8, 16 and 32 plain steps (80 of the 100 cycles; restarted: 20)
 
 
@@ -295,8 +353,8 @@ def copying_text_cycles(policy, text: torch.Tensor, start: int, offers) -> list[
     while length < len(text):
         history = text[:length]
         offer, size = offers(history)
-        policy.observe_lookup_offer(history, offer, size)
-        k, from_lookup = policy.choose(1, "cpu", lookup_length=len(offer), lookup_size=size)
+        policy.observe_offers(history, offer, size)
+        k, from_lookup, _ = policy.choose(1, "cpu", lookup_length=len(offer), lookup_size=size)
         taken = 0
         if from_lookup:
             taken = next((i for i, d in enumerate(offer[:k]) if length + i >= len(text) or text[length + i] != d), k)
@@ -422,8 +480,8 @@ def test_few_counts_are_bet_on_with_doubt(monkeypatch):
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the seam: the loop and the tree talk to a policy through DraftPolicy only; the generator only proposes
-PROTOCOL = ("most", "choose", "observe_lookup_offer", "observe_costs", "observe_acceptance", "tree_budget",
-            "observe_tree")
+PROTOCOL = ("most", "choose", "observe_offers", "observe_drafter_offer", "observe_costs", "observe_acceptance",
+            "tree_budget", "observe_tree")
 
 
 class ProtocolOnly:
@@ -464,7 +522,7 @@ def test_the_loop_and_the_tree_ask_the_policy_through_the_protocol_only(settings
     assert calls["choose"] > 0 and calls["observe_costs"] > 0
     assert calls["tree_budget" if "dflash_tree_budget" in settings else "observe_acceptance"] > 0
     if settings.get("dflash_policy") == "cost" and "dflash_tree_budget" not in settings:
-        assert calls["observe_lookup_offer"] == calls["choose"]  # every cycle's offer is scored
+        assert calls["observe_offers"] == calls["choose"]  # every cycle's offer is scored
 
 
 def test_heuristic_schedule_follows_transformers_rule():

@@ -4,8 +4,10 @@ A fake machine gives every forward a true cost (a verify of w rows: t1 + per_row
 the machine shaped like a CPU, where the GEMM kernel that replaces the matrix-vector one makes t(2) ~ 1.45 t(1); a
 drafter forward: `draft`), scaled by a noise profile of simulated time: load spikes, a slow drift, a machine that gets 2x slower or
 faster mid-run, a first plain-step sample 5x too slow, a stale table left by an earlier call on a loaded machine. A
-fake drafter accepts each draft at a fixed rate (weak, medium, oracle). The policy sees only the measured, noisy
-seconds, as in generate(); its tokens per simulated second are compared with the best fixed choice in hindsight:
+fake drafter accepts each draft at a fixed rate (weak, medium, oracle); a probe the policy scores instead of
+verifying (greedy, batch size 1) costs a plain step and a drafter forward, and its drafts are scored against a text of
+zeros that the drafter's right drafts (zeros) repeat. The policy sees only the measured, noisy seconds, as in
+generate(); its tokens per simulated second are compared with the best fixed choice in hindsight:
 the same machine and noise with k drafts every cycle, for every k (k = 0: plain decoding).
 """
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hf_dflash.policy_dflash import CostAwarePolicy
+from hf_dflash.policy_dflash import CostAwarePolicy, Draft
 from hf_dflash.timing_dflash import gemm_friendly_rows
 
 
@@ -68,47 +70,60 @@ DRAFTERS = {"weak": 0.1, "shipped": 0.3, "medium": 0.55, "oracle": 0.97}
 
 def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machine = Machine(),
              total: int = TOKENS) -> float:
-    """Tokens per simulated second of `choose()` -> k drafts per cycle until `total` tokens are committed."""
+    """Tokens per simulated second of `choose(tokens so far)` -> a :class:`Draft` per cycle until `total` tokens are
+    committed (a scored probe verifies none of its drafts: `accepted` is how many the target would have taken)."""
     rng, now, tokens, samples = random.Random(seed), 0.0, 0, collections.Counter()
     while tokens < total:
-        k = choose()
+        draft_choice = choose(tokens)
+        k = 0 if draft_choice.scored_only else draft_choice.count
         width = gemm_friendly_rows(k + 1, CPU)
         verify = machine.verify(width) * noise(now, tokens / total, width, samples[width])
         samples[width] += 1
-        draft = machine.draft * noise(now, tokens / total, 0, 0) if k else None
+        draft = machine.draft * noise(now, tokens / total, 0, 0) if draft_choice.count else None
         accepted = 0
-        while accepted < k and rng.random() < rate:
+        while accepted < draft_choice.count and rng.random() < rate:
             accepted += 1
         now += verify + (draft or 0.0)
-        tokens += accepted + 1
-        observe(k, width, verify, draft, accepted)
+        observe(draft_choice, width, verify, draft, accepted, tokens)
+        tokens += (0 if draft_choice.scored_only else accepted) + 1
     return tokens / now
 
 
 def policy_speed(noise, rate: float, target=None, seed: int = 0, machine: Machine = Machine(),
-                 memory: dict | None = None, total: int = TOKENS) -> float:
+                 memory: dict | None = None, total: int = TOKENS, scored_probes: bool = True) -> float:
     """Tokens per simulated second of one generate() call under the policy (`memory`: the drafter's, from earlier
-    calls)."""
-    policy = CostAwarePolicy(target if target is not None else FakeTarget(), MOST, memory=memory)
+    calls; `scored_probes`: a greedy call's, else a sampled call's verified probes)."""
+    policy = CostAwarePolicy(target if target is not None else FakeTarget(), MOST, memory=memory,
+                             scored_probes=scored_probes)
 
-    def observe(k, width, verify, draft, accepted):  # what generate() feeds it after each cycle
+    def observe(choice, width, verify, draft, accepted, tokens):  # what generate() feeds it after each cycle
         policy.observe_costs(1, CPU, width, verify, draft)
-        policy.observe_acceptance(k, [accepted])
+        if choice.scored_only:  # right drafts repeat the text (zeros), the first wrong one does not
+            offer = [0] * accepted + [1] * (choice.count - accepted)
+            policy.observe_drafter_offer(torch.zeros(tokens, dtype=torch.long), offer)
+        else:
+            policy.observe_acceptance(choice.count, [accepted])
 
-    return simulate(lambda: policy.choose(1, CPU)[0], observe, noise, rate, seed, machine, total)
+    def choose(tokens):  # earlier offers scored against the text so far, then the choice
+        policy.observe_offers(torch.zeros(tokens, dtype=torch.long), [], 0)
+        return policy.choose(1, CPU)
+
+    return simulate(choose, observe, noise, rate, seed, machine, total)
 
 
 def fixed_speeds(noise, rate: float, seed: int = 0, machine: Machine = Machine(), total: int = TOKENS) -> list[float]:
-    return [simulate(lambda: k, lambda *_: None, noise, rate, seed, machine, total) for k in range(MOST + 1)]
+    return [simulate(lambda tokens: Draft(k), lambda *_: None, noise, rate, seed, machine, total)
+            for k in range(MOST + 1)]
 
 
+@pytest.mark.parametrize("probes", ["scored", "verified"])
 @pytest.mark.parametrize("machine", MACHINES)
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("profile", noise_profiles())
-def test_policy_keeps_up_with_the_best_fixed_choice_under_noise(profile, drafter, machine):
+def test_policy_keeps_up_with_the_best_fixed_choice_under_noise(profile, drafter, machine, probes):
     noise, rate, machine = noise_profiles()[profile], DRAFTERS[drafter], MACHINES[machine]
     fixed = fixed_speeds(noise, rate, machine=machine)
-    speed = policy_speed(noise, rate, machine=machine)
+    speed = policy_speed(noise, rate, machine=machine, scored_probes=probes == "scored")
     best = max(range(MOST + 1), key=fixed.__getitem__)
     assert speed >= 0.95 * fixed[best], f"{speed:.1f} tok/s vs {fixed[best]:.1f} with k={best} every cycle"
     if drafter == "weak":
@@ -128,7 +143,8 @@ def test_a_stale_table_from_a_loaded_machine_does_not_stick(drafter):
 
 def test_the_harness_catches_a_policy_locked_by_one_bad_sample(monkeypatch):
     """Negative control: with the previous estimator (an average that one 5x plain-step sample dominates, never
-    re-measured while drafting) the weak drafter's bound fails."""
+    re-measured while drafting) the weak drafter's bound fails where probes are verified (a sampled call's; a greedy
+    call's scored probes cost a drafter forward each, too little for the bad estimator to show)."""
     from hf_dflash import costs_dflash, policy_dflash
 
     def averaged(self):  # every sample ever seen, averaged: one spike moves it for good
@@ -139,7 +155,7 @@ def test_the_harness_catches_a_policy_locked_by_one_bad_sample(monkeypatch):
     monkeypatch.setattr(costs_dflash, "_monotone_envelope", lambda points: points)
     monkeypatch.setattr(policy_dflash.CostAwarePolicy, "REFRESH", 10**9)
     noise, rate = noise_profiles()["first_plain_sample_5x"], DRAFTERS["weak"]
-    assert policy_speed(noise, rate) < 0.95 * fixed_speeds(noise, rate)[0]
+    assert policy_speed(noise, rate, scored_probes=False) < 0.95 * fixed_speeds(noise, rate)[0]
 
 
 def short_calls_speed(earlier: str, later: str, machine: Machine, calls: int = 6, tokens: int = 64) -> list[float]:
