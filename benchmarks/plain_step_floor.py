@@ -1,0 +1,81 @@
+# Copyright 2026 the hf-dflash authors. Apache-2.0.
+"""Where a call of the default policy loses time to plain ``generate()`` when the drafter rarely helps (chat).
+
+Side by side, in one process, on SmolLM2-135M-Instruct (fp32) and the shipped drafter, greedy, per prompt (best of
+`--repeats` interleaved runs, each method's seconds over plain's): plain ``generate()``; our loop forced to plain
+steps (the policy still runs, its choice is discarded: the loop's own floor); the default policy; the default without
+prompt lookups. Outputs must be identical.
+
+    python benchmarks/plain_step_floor.py --threads 1 --datasets gsm8k,mtbench
+"""
+
+import argparse
+import time
+
+import torch
+
+from hf_dflash import policy_dflash
+from hf_dflash.data.chat import chat_input_ids
+from hf_dflash.evaluation.prompts import load_eval_prompts
+from hf_dflash.models import load_drafter, load_target
+from hf_dflash.schedules_dflash import Draft
+
+METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup")
+
+
+def plain_steps_only(choose):
+    def choose_then_step(self, *args, **kwargs):
+        choose(self, *args, **kwargs)  # the policy's own bookkeeping is part of the floor
+        return Draft(0)
+
+    return choose_then_step
+
+
+def timed(target, drafter, ids: torch.Tensor, method: str, max_new_tokens: int) -> tuple[float, list[int]]:
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    if method != "plain":
+        kwargs["assistant_model"] = drafter
+    if method == "ours_no_lookup":
+        kwargs["dflash_lookup"] = False
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.generate(ids, **kwargs)
+    return time.perf_counter() - start, out[0, ids.shape[1]:].tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--datasets", default="gsm8k,mtbench")
+    parser.add_argument("--limit", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(None, device="cpu", dtype=torch.float32)
+    drafter = load_drafter(None, target)
+    choose = policy_dflash.CostAwarePolicy.choose
+
+    def run(ids, method):
+        forced = method == "ours_plain_steps"
+        policy_dflash.CostAwarePolicy.choose = plain_steps_only(choose) if forced else choose
+        return timed(target, drafter, ids, method, args.max_new_tokens)
+
+    print("| dataset | prompt | " + " | ".join(f"{m} / plain" for m in METHODS) + " | identical |")
+    print("|---" * (len(METHODS) + 3) + "|")
+    for dataset in args.datasets.split(","):
+        prompts = [chat_input_ids(tokenizer, p) for p in load_eval_prompts(dataset, args.limit, tokenizer)]
+        run(prompts[0], "plain"), run(prompts[0], "ours_default")  # warm-up
+        for i, ids in enumerate(prompts):
+            best, tokens = dict.fromkeys(METHODS, float("inf")), {}
+            for repeat in range(args.repeats):
+                for method in METHODS if (i + repeat) % 2 == 0 else METHODS[::-1]:
+                    seconds, tokens[method] = run(ids, method)
+                    best[method] = min(best[method], seconds)
+            same = all(tokens[m] == tokens["plain"] for m in METHODS)
+            ratios = " | ".join(f"{best[m] / best['plain']:.3f}" for m in METHODS)
+            print(f"| {dataset} | {i} | {ratios} | {'yes' if same else 'NO'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
