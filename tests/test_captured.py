@@ -75,8 +75,8 @@ def test_every_policy_path_is_lossless_captured(qwen3):
     with every_policy_path() as choices:
         assert_lossless(target, drafter, make_prompt(14, seed=3), max_new_tokens=NEW, compile_config=AOT_EAGER,
                         assisted={"dflash_compile": True, "dflash_policy": "cost"})
-    assert {count for count, _ in choices} >= {0, drafter.config.block_size - 1}, "plain steps and full blocks ran"
-    assert any(from_lookup for _, from_lookup in choices), "prompt-lookup chains ran"
+    assert {d.count for d in choices} >= {0, drafter.config.block_size - 1}, "plain steps and full blocks ran"
+    assert any(d.from_lookup for d in choices), "prompt-lookup chains ran"
 
 
 def test_a_compile_config_captures_where_transformers_would_compile(qwen3):
