@@ -630,15 +630,16 @@ def test_trees_under_the_cost_aware_policy_are_lossless(arch, monkeypatch):
     target = cached_target(arch)
     drafter = make_drafter(target, 8)
     random_budgets(monkeypatch)
+    widths = collections.Counter()  # over every call: which cycles a call gets depends on its measured costs
     for prompt, lookup in itertools.product((copy_prompt(1), make_prompt(9, seed=3)), (None, 10)):
 
         def check(kind, got, expected, proposals):
             assert all(n <= 16 + (lookup or 10) for n in drafter.last_stats.drafts_per_cycle)
+            widths.update(drafter.last_stats.drafts_per_cycle)
 
         assert_lossless(target, drafter, prompt, TREE_KINDS, check=check, max_new_tokens=40,
                         assisted=dict(dflash_tree_budget=16, dflash_policy="cost", prompt_lookup_num_tokens=lookup))
-    widths = drafter.last_stats.drafts_per_cycle
-    assert len(set(widths)) > 2, widths  # the budgets did vary
+    assert len(widths) > 2, widths  # the budgets did vary
 
 
 def test_sampled_trees_with_chosen_budgets_follow_the_target_distribution(sampling_target, monkeypatch):
