@@ -76,11 +76,12 @@ ARCHS = ("qwen3", "llama")
 @contextlib.contextmanager
 def every_policy_path():
     """Under the default policy (dflash_policy="cost"), cycle through every path it can take, whatever the costs: its
-    own choice, a plain step, a prompt-lookup chain when one is on offer (batch size 1), a full block. What the
-    policy would choose is tested against costs elsewhere (tests/test_policy*.py); this makes every family and batch
-    shape run each kind of cycle. Where the text offers no lookup continuation, one is made up from its last tokens
-    (usually rejected: what a lookup in text that does not repeat does). Costs are not recorded (no process-wide state
-    changes). Yields the list of (draft count, from lookup) choices made."""
+    own choice, a plain step, a prompt-lookup chain when one is on offer (batch size 1), a full block, a scored probe
+    (greedy, batch size 1: the drafter's block scored against the text while the target steps plainly; else a plain
+    step). What the policy would choose is tested against costs elsewhere (tests/test_policy*.py); this makes every
+    family and batch shape run each kind of cycle. Where the text offers no lookup continuation, one is made up from
+    its last tokens (usually rejected: what a lookup in text that does not repeat does). Costs are not recorded (no
+    process-wide state changes). Yields the list of :class:`Draft` choices made."""
     from hf_dflash import candidates_dflash
     from hf_dflash.policy_dflash import CostAwarePolicy, Draft
 
@@ -92,9 +93,10 @@ def every_policy_path():
 
     def choose(self, batch, device, lookup_length=0, lookup_size=0, context=0):
         real = real_choose(self, batch, device, lookup_length, lookup_size, context)
-        turn = len(made) % 4
-        choice = {0: real, 1: Draft(0), 2: Draft(min(lookup_length, 3), True) if lookup_length else real}.get(
-            turn, Draft(self.most))
+        turn = len(made) % 5
+        probe = Draft(self.most, scored_only=True) if batch == 1 and self.scored_probes else Draft(0)
+        choice = {0: real, 1: Draft(0), 2: Draft(min(lookup_length, 3), True) if lookup_length else real,
+                  3: Draft(self.most)}.get(turn, probe)
         made.append(choice)
         return choice
 
