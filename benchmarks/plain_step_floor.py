@@ -4,9 +4,12 @@
 Side by side, in one process, on SmolLM2-135M-Instruct (fp32) and the shipped drafter, greedy, per prompt (best of
 `--repeats` interleaved runs, each method's seconds over plain's): plain ``generate()``; our loop forced to plain
 steps (the policy still runs, its choice is discarded: the loop's own floor); the default policy; the default without
-prompt lookups. Outputs must be identical.
+prompt lookups; on request (``--methods``), the default with every verify run at its own width (``ours_unpadded``: not
+padded to a wider width the policy measured cheaper). Outputs must be identical.
 
     python benchmarks/plain_step_floor.py --threads 1 --datasets gsm8k,mtbench
+    python benchmarks/plain_step_floor.py --threads 1 --datasets code_edit,aime2025 \
+        --methods plain,ours_default,ours_unpadded
 """
 
 import argparse
@@ -14,13 +17,13 @@ import time
 
 import torch
 
-from hf_dflash import policy_dflash
+from hf_dflash import costs_dflash, policy_dflash
 from hf_dflash.data.chat import chat_input_ids
 from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_drafter, load_target
 from hf_dflash.schedules_dflash import Draft
 
-METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup")
+METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup", "ours_unpadded")
 
 
 def plain_steps_only(choose):
@@ -50,30 +53,34 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", default=",".join(METHODS[:4]), help=f"comma list of {','.join(METHODS)}")
     args = parser.parse_args()
+    methods = tuple(dict.fromkeys(["plain", *args.methods.split(",")]))
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(None, device="cpu", dtype=torch.float32)
     drafter = load_drafter(None, target)
-    choose = policy_dflash.CostAwarePolicy.choose
+    choose, cheaper_wider = policy_dflash.CostAwarePolicy.choose, costs_dflash.CostTable.cheaper_wider
 
     def run(ids, method):
         forced = method == "ours_plain_steps"
         policy_dflash.CostAwarePolicy.choose = plain_steps_only(choose) if forced else choose
+        unpadded = method == "ours_unpadded"
+        costs_dflash.CostTable.cheaper_wider = (lambda self, width, most: width) if unpadded else cheaper_wider
         return timed(target, drafter, ids, method, args.max_new_tokens)
 
-    print("| dataset | prompt | " + " | ".join(f"{m} / plain" for m in METHODS) + " | identical |")
-    print("|---" * (len(METHODS) + 3) + "|")
+    print("| dataset | prompt | " + " | ".join(f"{m} / plain" for m in methods) + " | identical |")
+    print("|---" * (len(methods) + 3) + "|")
     for dataset in args.datasets.split(","):
         prompts = [chat_input_ids(tokenizer, p) for p in load_eval_prompts(dataset, args.limit, tokenizer)]
         run(prompts[0], "plain"), run(prompts[0], "ours_default")  # warm-up
         for i, ids in enumerate(prompts):
-            best, tokens = dict.fromkeys(METHODS, float("inf")), {}
+            best, tokens = dict.fromkeys(methods, float("inf")), {}
             for repeat in range(args.repeats):
-                for method in METHODS if (i + repeat) % 2 == 0 else METHODS[::-1]:
+                for method in methods if (i + repeat) % 2 == 0 else methods[::-1]:
                     seconds, tokens[method] = run(ids, method)
                     best[method] = min(best[method], seconds)
-            same = all(tokens[m] == tokens["plain"] for m in METHODS)
-            ratios = " | ".join(f"{best[m] / best['plain']:.3f}" for m in METHODS)
+            same = all(tokens[m] == tokens["plain"] for m in methods)
+            ratios = " | ".join(f"{best[m] / best['plain']:.3f}" for m in methods)
             print(f"| {dataset} | {i} | {ratios} | {'yes' if same else 'NO'} |", flush=True)
 
 

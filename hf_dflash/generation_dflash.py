@@ -112,7 +112,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             continue
 
         # 3. verify the candidates in one target forward
-        verify = verify_block(target, rows, candidates, cache, forward_kwargs, recurrent, captured)
+        verify = verify_block(target, rows, candidates, cache, forward_kwargs, recurrent, captured, draft.rows)
         processed = processed_verify_scores(logits_processor, rows.histories, drafts, verify.raw)
 
         # 4. accept drafts as the target would have chosen them, then the target's own next token
@@ -249,15 +249,17 @@ class Verification:
         self.compiled = compiled  # a captured forward compiled a graph for it: its seconds are not its cost
 
 
-def verify_block(target, rows, candidates, cache, forward_kwargs, recurrent, captured=None) -> Verification:
-    """Step 3: one target forward over each row's ``[anchor, drafts]``, padded to the next width of a `captured`
-    forward (:class:`~capture_dflash.CapturedVerify`; None: eager) or to a GEMM-friendly row count on CPU (not for
-    recurrent targets, where padding would cost a re-advance, nor past a static cache's end); recurrent states are
-    saved first."""
+def verify_block(target, rows, candidates, cache, forward_kwargs, recurrent, captured=None,
+                 padded: int = 0) -> Verification:
+    """Step 3: one target forward over each row's ``[anchor, drafts]``, padded to `padded` rows (the policy's
+    :attr:`Draft.rows`) and to the next width of a `captured` forward (:class:`~capture_dflash.CapturedVerify`; None:
+    eager) or to a GEMM-friendly row count on CPU (not for recurrent targets, where padding would cost a re-advance,
+    nor past a static cache's end); recurrent states are saved first."""
     width, cached = candidates.shape[1], cache_slots(cache)
     free = free_slots(cache, cached or 0)
     widths = () if captured is None else captured.widths
     if not recurrent:
+        width = max(width, padded) if free is None or padded <= free else width
         width = verify_rows(width, candidates.device, len(rows), most=free, captured=widths)
     ids, positions, mask = rows.verify_inputs(candidates, width)
     if recurrent and not recurrent.crop_rewinds:

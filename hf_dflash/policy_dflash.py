@@ -267,8 +267,8 @@ class CostAwarePolicy:
             return unmeasured
         best = self._best_chain(table, width, lookup_length, lookup_size)
         if best.speed > best.plain_speed:
-            return self._draft(best.draft, table, width)
-        return self._plain_step_or_probe(best, batch)
+            return self._padded(self._draft(best.draft, table, width), table, width)
+        return self._padded(self._plain_step_or_probe(best, batch), table, width)
 
     def _measure_first(self, table: CostTable, width) -> Draft | None:
         """A call starts with a full block: the drafter's cost, a wide verify and the acceptance at every depth (once:
@@ -304,6 +304,16 @@ class CostAwarePolicy:
         if table.stale(width(self.most + 1), self.REFRESH) and not draft.from_lookup:
             return Draft(self.most)
         return draft
+
+    def _padded(self, draft: Draft, table: CostTable, width) -> Draft:
+        """`draft`, its verify padded to the cheapest wider width measured (:meth:`CostTable.cheaper_wider`): the
+        costs it was chosen on already count it at that width's cost. A drafter chain's count is chosen on those
+        costs, so it takes the wider width's drafts itself; what pads is a prompt lookup's short continuation or a
+        probe's few drafts."""
+        if not draft.count or draft.scored_only:
+            return draft
+        rows = table.cheaper_wider(width(draft.count + 1), most=width(self.most + 1))
+        return draft if rows == width(draft.count + 1) else draft._replace(rows=rows)
 
     def _plain_step_or_probe(self, best: "_Weighed", batch: int) -> Draft:
         """A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). A probe
@@ -387,7 +397,7 @@ def draft_policy(options: DFlashCallOptions, target, drafter, captured: tuple[in
         >>> from types import SimpleNamespace
         >>> drafter = SimpleNamespace(config=SimpleNamespace(block_size=16))
         >>> draft_policy(DFlashCallOptions(policy="heuristic", num_assistant_tokens=4), None, drafter).choose(1, "cpu")
-        Draft(count=4, from_lookup=False, scored_only=False)
+        Draft(count=4, from_lookup=False, scored_only=False, rows=0)
     """
     most = most_drafts(drafter.config.block_size, options.num_assistant_tokens)
     return POLICIES[options.policy](options, target, drafter, most, captured)

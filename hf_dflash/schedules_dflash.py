@@ -12,13 +12,16 @@ import torch
 
 
 class Draft(NamedTuple):
-    """One cycle's choice: verify `count` drafts (0: a plain target step), from the prompt lookup or the drafter; or,
-    `scored_only`, a probe: the drafter proposes `count` drafts that are not verified (the target takes a plain step)
-    and the policy scores them against the tokens committed after them (:meth:`DraftPolicy.observe_drafter_offer`)."""
+    """One cycle's choice: verify `count` drafts (0: a plain target step), from the prompt lookup or the drafter, in a
+    target forward of at least `rows` rows (0: the anchor and the drafts; more: padded, where the policy measured a
+    wider forward cheaper); or, `scored_only`, a probe: the drafter proposes `count` drafts that are not verified (the
+    target takes a plain step) and the policy scores them against the tokens committed after them
+    (:meth:`DraftPolicy.observe_drafter_offer`)."""
 
     count: int
     from_lookup: bool = False
     scored_only: bool = False
+    rows: int = 0
 
 
 def most_drafts(block_size: int, num_assistant_tokens: int | None) -> int:
@@ -69,7 +72,7 @@ class FullBlocks(DraftPolicy):
     Example:
         >>> policy = FullBlocks(15)
         >>> policy.choose(1, "cpu"), policy.tree_budget([0.0, -0.1, -0.5], 1, "cpu")
-        (Draft(count=15, from_lookup=False, scored_only=False), 2)
+        (Draft(count=15, from_lookup=False, scored_only=False, rows=0), 2)
     """
 
     def __init__(self, drafts: int):

@@ -205,6 +205,47 @@ def test_verifies_are_padded_to_16_rows_only_where_this_cpu_runs_16_faster(monke
     MEASURED_PADDING.__wrapped__()
     assert torch.equal(torch.random.get_rng_state(), seed_state)  # a user's seeded sampling never sees it
 
+def test_a_verify_is_padded_to_a_wider_width_measured_cheaper(monkeypatch):
+    """Where this machine's verify of more rows was measured cheaper (SmolLM2-135M on one AMD EPYC thread: 3 rows
+    cost 1.2x 4 rows), a verify of fewer rows runs at the wider width: the policy already counted it at that cost. A
+    drafter chain takes the wider width's drafts itself; a short lookup continuation and a probe's few drafts pad."""
+    row_kernels = {2: 0.016, 3: 0.020, 4: 0.0166, 8: 0.019, 16: 0.025, 1: 0.010}  # t(1) last: not stale
+    policy = policy_with(monkeypatch, row_kernels, draft=0.005, rate=0.1)
+    policy.lookup_reached[2], policy.lookup_accepted[2] = [50.0] * 10, [45.0] * 10
+    assert policy.choose(1, "cpu", lookup_length=2, lookup_size=2) == Draft(2, True, rows=4)
+    assert policy.choose(1, "cpu", lookup_length=4, lookup_size=2) == Draft(4, True)  # 5 rows: none cheaper
+    probes = [d for d in (policy.choose(1, "cpu") for _ in range(40)) if d.count]
+    assert probes and set(probes) == {Draft(CostAwarePolicy.PROBE_DRAFTS, rows=4)}
+    good = policy_with(monkeypatch, row_kernels, draft=0.001, rate=0.6)
+    assert good.choose(1, "cpu").count not in (0, 2) and good.choose(1, "cpu").rows == 0
+    # a lone expensive sample is not a kernel: once forgotten, the narrower width runs as itself and is measured again
+    table = policy.table(1, "cpu")
+    for _ in range(300):
+        table.observe_verify(1, 0.010)
+    assert policy.choose(1, "cpu", lookup_length=2, lookup_size=2) == Draft(2, True)
+
+
+def test_the_loop_verifies_as_many_rows_as_the_policy_pads_to(monkeypatch):
+    target = make_target("qwen3")
+    drafter, prompt = make_drafter(target), make_prompt(10)
+    widths = []
+    # each choice marks the list: the forward after it is that cycle's verify (before the first: the plain reference)
+    monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *args, **kwargs: widths.append(0) or Draft(2, rows=5))
+
+    def every_verify_ran_five_rows(kind, got, expected, proposals):
+        verifies = [widths[i + 1] for i, width in enumerate(widths) if width == 0 and i + 1 < len(widths)]
+        assert verifies and set(verifies) == {5}, (kind, widths)  # padded, whatever was accepted
+        widths.clear()
+
+    hook = target.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                            with_kwargs=True)
+    try:
+        assert_lossless(target, drafter, prompt, max_new_tokens=12, assisted={"dflash_policy": "cost"},
+                        check=every_verify_ran_five_rows)
+    finally:
+        hook.remove()
+
+
 def test_interpolated_verify_costs():
     table = CostTable()
     table.observe_verify(1, 1.0)
@@ -320,7 +361,7 @@ def copy_prompt(seed: int = 1) -> torch.Tensor:
 def test_lookup_drafts_win_where_they_are_accepted_and_give_way_where_they_are_not(monkeypatch):
     weak = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.1)
     weak.lookup_reached[2], weak.lookup_accepted[2] = [50.0] * 10, [45.0] * 10  # lookups of 2-grams held 90%
-    k, from_lookup, _ = weak.choose(1, "cpu", lookup_length=10, lookup_size=2)
+    k, from_lookup = weak.choose(1, "cpu", lookup_length=10, lookup_size=2)[:2]
     assert from_lookup and k >= 5
     assert weak.choose(1, "cpu", lookup_length=3, lookup_size=2) == Draft(3, True)  # no more than is on offer
     assert weak.choose(1, "cpu") == Draft(0)  # nothing on offer: the weak drafter loses to a plain step
@@ -339,8 +380,8 @@ def test_lookups_that_win_do_not_restart_the_drafters_probing(monkeypatch):
     policy.lookup_reached[2], policy.lookup_accepted[2] = [50.0] * 10, [45.0] * 10
     choices = [policy.choose(1, "cpu", **({"lookup_length": 10, "lookup_size": 2} if i % 5 == 4 else {}))
                for i in range(100)]
-    assert all(from_lookup for i, (_, from_lookup, _) in enumerate(choices) if i % 5 == 4), choices
-    probes = [i for i, (k, from_lookup, _) in enumerate(choices) if k and not from_lookup]
+    assert all(d.from_lookup for i, d in enumerate(choices) if i % 5 == 4), choices
+    probes = [i for i, d in enumerate(choices) if d.count and not d.from_lookup]
     assert len(probes) == 4, probes  # after 4, 8, 16 and 32 plain steps (80 of the 100 cycles; restarted: 20)
 
 
@@ -354,7 +395,7 @@ def copying_text_cycles(policy, text: torch.Tensor, start: int, offers) -> list[
         history = text[:length]
         offer, size = offers(history)
         policy.observe_offers(history, offer, size)
-        k, from_lookup, _ = policy.choose(1, "cpu", lookup_length=len(offer), lookup_size=size)
+        k, from_lookup = policy.choose(1, "cpu", lookup_length=len(offer), lookup_size=size)[:2]
         taken = 0
         if from_lookup:
             taken = next((i for i, d in enumerate(offer[:k]) if length + i >= len(text) or text[length + i] != d), k)

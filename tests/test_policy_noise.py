@@ -39,15 +39,21 @@ class Machine:
     per_row: float = 0.0008  # a verify of 16 rows costs 2.2 x t(1), as SmolLM2 on one CPU thread
     draft: float = 0.004
     step: float = 0.0  # the extra cost of any verify wider than one row
+    measured: tuple[float, ...] = ()  # else: t(w) = measured[w - 1] x t1, as measured on a real machine
 
     def verify(self, width: int) -> float:
+        if self.measured:
+            return self.t1 * self.measured[width - 1]
         return self.t1 + self.per_row * (width - 1) + self.step * (width > 1)
 
 
-# Verify cost curves: linear (a GPU-like flat start would only favour drafting more), and the concave one measured for
+# Verify cost curves: linear (a GPU-like flat start would only favour drafting more); the concave one measured for
 # SmolLM2-135M on one CPU thread (t(2) ~ 1.45 t(1), t(16) ~ 2.2 t(1)), where interior widths cost far more than a
-# straight line between t(1) and t(16) says
-MACHINES = {"linear": Machine(), "cpu_gemv_step": Machine(per_row=0.0005, step=0.0045)}
+# straight line between t(1) and t(16) says; and one where some row counts cost more than wider ones (SmolLM2-135M's
+# verify on one thread of an AMD EPYC: 3 rows cost more than 4, 7 more than 8), where the policy pads a verify
+MACHINES = {"linear": Machine(), "cpu_gemv_step": Machine(per_row=0.0005, step=0.0045),
+            "cpu_row_kernels": Machine(measured=(1.0, 1.59, 2.01, 1.66, 1.92, 1.94, 2.13, 1.90, 2.09, 2.14, 2.18, 2.21,
+                                                 2.28, 2.35, 2.42, 2.49))}
 
 
 def noise_profiles():
@@ -76,7 +82,7 @@ def simulate(choose, observe, noise, rate: float, seed: int = 0, machine: Machin
     while tokens < total:
         draft_choice = choose(tokens)
         k = 0 if draft_choice.scored_only else draft_choice.count
-        width = gemm_friendly_rows(k + 1, CPU)
+        width = max(gemm_friendly_rows(k + 1, CPU), draft_choice.rows if k else 0)
         verify = machine.verify(width) * noise(now, tokens / total, width, samples[width])
         samples[width] += 1
         draft = machine.draft * noise(now, tokens / total, 0, 0) if draft_choice.count else None
