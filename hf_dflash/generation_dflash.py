@@ -102,7 +102,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         # 2. draft: the policy chooses the source and count, the generator proposes them (none: a plain step)
         tic = synchronized_clock(device)
         draft, lookup = next_draft(policy, generator, rows, cache, trees=tree is not None)
-        candidates, draft_scores, drafter_ran = proposed(generator, policy, rows, draft, lookup)
+        candidates, draft_scores, drafter_ran, probe = proposed(generator, policy, rows, draft, lookup)
         drafts, drafted = candidates[:, 1:], synchronized_clock(device)
         draft_seconds = drafted - tic if drafter_ran else None
         stats.draft_seconds += drafted - tic
@@ -119,6 +119,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         accepted, tokens = accept(drafts, draft_scores, processed, options.do_sample)
         accepted = committed_acceptance(accepted, len(rows) > 1 and (recurrent.layers or sliding))
         stats.add_verification(rows.ids, accepted, num_drafts=drafts.shape[1])
+        stats.add_scored_probe(probe, tokens)
         if not draft.from_lookup:  # lookups are rated from every cycle's offer, verified or not
             policy.observe_acceptance(drafts.shape[1], accepted.tolist())
 
@@ -170,20 +171,23 @@ def next_draft(policy: DraftPolicy, generator, rows, cache, trees: bool) -> tupl
 
 def proposed(generator, policy: DraftPolicy, rows, draft: Draft, lookup: list[int]):
     """Step 2's proposal: (the candidates to verify, [b, 1 + drafts], the scores the drafts were chosen from, whether
-    the drafter ran). The drafter reads the features the target committed since it last ran; a probe's drafts
-    (``draft.scored_only``) go to the policy to be scored against the tokens committed next, and the target steps
-    plainly."""
+    the drafter ran, a scored probe's first draft or None). The drafter reads the features the target committed since
+    it last ran; a probe's drafts (``draft.scored_only``) go to the policy to be scored against the tokens committed
+    next, and the target steps plainly."""
     context, positions = rows.unread() if draft.count and not draft.from_lookup else (None, None)
     candidates, draft_scores = generator.get_candidates(
         rows.anchors(), context, draft=draft, lookup=lookup, histories=rows.histories,
         context_positions=positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
     )
     drafter_ran = candidates.shape[1] > 1 and not draft.from_lookup
+    probe = None
     if draft.scored_only:  # (fewer drafts near max_length: the room left; none at its end)
         if drafter_ran:
-            policy.observe_drafter_offer(rows.histories[0], candidates[0, 1:].tolist())
+            drafts = candidates[0, 1:].tolist()
+            policy.observe_drafter_offer(rows.histories[0], drafts)
+            probe = drafts[0]
         candidates, draft_scores = candidates[:, :1], None
-    return candidates, draft_scores, drafter_ran
+    return candidates, draft_scores, drafter_ran, probe
 
 
 def static_room(cache, drafter_cache, rows, block_size: int) -> int | None:

@@ -53,7 +53,8 @@ class DFlashStats:
     graphs_compiled: int = 0
     compile_seconds: float = 0.0
     # verifications (per row) of at least one drafter draft, not a plain step or a prompt-lookup chain, and how many
-    # of them accepted the first draft (the default policy's probes count as any other)
+    # of them accepted the first draft (the default policy's probes count as any other; a greedy call's probe scored
+    # instead of verified counts as one, its first draft judged against the token the target chose)
     drafted_verifications: int = 0
     first_drafts_accepted: int = 0
     # set when the drafts of this drafter with this target are almost never accepted: the measured rate and the likely
@@ -86,6 +87,14 @@ class DFlashStats:
                 self.first_drafts_accepted += int(n > 0)
         if num_drafts is not None:
             self.drafts_per_cycle.append(num_drafts)
+
+    def add_scored_probe(self, first_draft: int | None, tokens: torch.Tensor) -> None:
+        """A probe scored instead of verified (batch size 1, greedy; None: this cycle was none): its `first_draft`
+        would have been accepted exactly when the target chose it, ``tokens[0, 0]``. Counted as a verification, so a
+        drafter whose drafts are never taken is noticed under the default policy too (its probes are what it gets)."""
+        if first_draft is not None:
+            self.drafted_verifications += 1
+            self.first_drafts_accepted += int(int(tokens[0, 0]) == first_draft)
 
     @property
     def first_draft_acceptance(self) -> float | None:

@@ -10,7 +10,8 @@ import re
 
 import pytest
 import torch
-from conftest import drafts_for, make_drafter, make_prompt, make_target, plain_generate, recorded_drafts
+from conftest import drafts_for, every_policy_path, make_drafter, make_prompt, make_target, plain_generate
+from conftest import recorded_drafts
 
 from hf_dflash import DFlashDraftModel
 from hf_dflash.diagnostics_dflash import low_acceptance_causes
@@ -95,13 +96,16 @@ def test_the_shipped_drafter_never_warns_on_smollm2(caplog):
 
 
 def test_the_default_policys_probes_count_and_prompt_lookups_do_not():
+    """Every drafter proposal is one first draft judged, verified or (a greedy call's probe) scored: under the default
+    policy a drafter whose drafts do not pay gets only probes, and a broken one must still be noticed."""
     target, drafter = tiny_target(), make_drafter(tiny_target())
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12] * 3])  # text that repeats: prompt lookup is on offer
-    with recorded_drafts() as proposals:
+    with recorded_drafts() as proposals, every_policy_path() as choices:
         target.generate(prompt, assistant_model=drafter, max_new_tokens=96, do_sample=False, dflash_policy="cost")
     stats = drafter.last_stats
     assert stats.lookup_cycles > 0 and 0 < len(proposals) < len(stats.acceptance_lengths)
-    assert stats.drafted_verifications == len(proposals)  # each drafter probe is one verified first draft
+    assert any(choice.scored_only for choice in choices)
+    assert stats.drafted_verifications == len(proposals)  # each drafter proposal is one first draft judged
 
 
 def saved_and_loaded(drafter, folder, **kwargs):
