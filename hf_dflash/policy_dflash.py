@@ -312,8 +312,9 @@ class CostAwarePolicy:
         probe's few drafts."""
         if not draft.count or draft.scored_only:
             return draft
-        rows = table.cheaper_wider(width(draft.count + 1), most=width(self.most + 1))
-        return draft if rows == width(draft.count + 1) else draft._replace(rows=rows)
+        own = width(draft.count + 1)
+        rows = table.cheaper_wider(own, most=width(self.most + 1))
+        return draft if rows == own else draft._replace(rows=rows)
 
     def _plain_step_or_probe(self, best: "_Weighed", batch: int) -> Draft:
         """A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). A probe

@@ -98,7 +98,8 @@ class DFlashStats:
 
     @property
     def first_draft_acceptance(self) -> float | None:
-        """Share of the drafter's verified blocks whose first draft was accepted (None: none verified)."""
+        """Share of the drafter's verified blocks (and scored probes) whose first draft was accepted, or would have
+        been (None: none judged)."""
         return self.first_drafts_accepted / self.drafted_verifications if self.drafted_verifications else None
 
 

@@ -205,6 +205,7 @@ def test_verifies_are_padded_to_16_rows_only_where_this_cpu_runs_16_faster(monke
     MEASURED_PADDING.__wrapped__()
     assert torch.equal(torch.random.get_rng_state(), seed_state)  # a user's seeded sampling never sees it
 
+
 def test_a_verify_is_padded_to_a_wider_width_measured_cheaper(monkeypatch):
     """Where this machine's verify of more rows was measured cheaper (SmolLM2-135M on one AMD EPYC thread: 3 rows
     cost 1.2x 4 rows), a verify of fewer rows runs at the wider width: the policy already counted it at that cost. A
