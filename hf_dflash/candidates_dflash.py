@@ -26,7 +26,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
     """Proposes candidate tokens per sequence: a block of drafts from one drafter forward, or a prompt-lookup
     continuation of the text so far.
 
-    Holds the drafter's cache of context K/V (`cache`: target features of every token the target has verified, in
+    Holds the drafter's cache of context K/V (`cache`: the context of every token the target has verified, in
     the same slots as the target's own cache, so one padding mask serves both; the loop drops retired rows from it).
     The drafter always fills its whole block in one forward; verifying fewer drafts (the count the policy chose) makes
     the target's verify forward and the drafter's LM head cheaper. Every count is lossless: only the speed changes.
@@ -36,6 +36,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
 
     Example:
         >>> generator = DFlashCandidateGenerator(drafter, target, GenerationConfig())  # doctest: +SKIP
+        >>> hidden = target(input_ids[:, :-1], output_hidden_states=True).hidden_states  # doctest: +SKIP
+        >>> features = drafter.fused_features(hidden)  # doctest: +SKIP
         >>> candidates, scores = generator.get_candidates(input_ids, context_hidden_states=features,
         ...                                               draft=Draft(4))  # doctest: +SKIP
     """
@@ -111,8 +113,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         proposed with certainty (q is a point mass on each, :func:`~sampling_dflash.accept`).
 
         One unpadded sequence: `input_ids` [1, L] ends with the anchor (the token the target has not read yet), and
-        `context_hidden_states` [1, n, T*H] are the target features of the positions after those already cached
-        here, up to the anchor excluded.
+        `context_hidden_states` [1, n, C] are the drafter's context for the positions after those already cached
+        here, up to the anchor excluded: ``drafter.fused_features`` of the target's hidden states there.
 
         A batch (as :func:`dflash_decoding` calls it): `input_ids` [b, 1] holds each row's anchor, so the candidates
         are the verify block ``[anchor, drafts]``; `histories` each row's committed tokens (rows may differ in
@@ -147,7 +149,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
 
         Args:
             histories: committed tokens per row (the last one is the anchor, not yet seen by the target).
-            context: [b, n, T*H] target features of the slots the target verified since the last call.
+            context: [b, n, C] the drafter's context (``fused_features``) of the slots the target verified since
+                the last call.
             context_positions: [b, n] their positions; anchor_positions: [b] the anchors' positions.
             slot_mask: [b, cache + n] which cache slots hold real tokens (None: all do).
         Returns:
@@ -164,6 +167,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         hidden = self.drafter(
             noise_embeds=block,
             context_hidden_states=context.to(device),
+            context_fused=True,
             position_ids=positions,
             attention_mask=slot_mask,
             **{self.cache_keyword: self.cache},

@@ -129,7 +129,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             # the recurrent states read rejected drafts and the cache cannot crop them: rewind and re-advance
             verify = readvance(target, verify, keep, cache, recurrent, forward_kwargs)
         running, committed = rows.commit(
-            accepted, tokens, processed, drafter.target_features(verify.outputs.hidden_states),
+            accepted, tokens, processed, drafter.fused_features(verify.outputs.hidden_states, slice(0, keep)),
             verify.positions[:, : verify.width], cache, verify.cached, stopping_criteria, drafter_read=drafter_ran,
         )
         record(recorder, streamer, verify.outputs, verify.raw, processed, committed, verify.cached)
@@ -221,11 +221,12 @@ def target_forward_kwargs(target, drafter, cache, options: DFlashCallOptions) ->
 def prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, stopping_criteria,
             options: DFlashCallOptions, recorder, streamer) -> list[int]:
     """Step 1: the target reads the prompts and chooses each row's first new token; returns the rows that go on. The
-    drafter's context is written layer by layer into one tensor (:class:`~features_dflash.PromptFeatureWriter`) unless
+    drafter's context is written layer by layer into one tensor, through a DFlash drafter's ``fc`` (one state per
+    token: :class:`~features_dflash.PromptFeatureWriter`) unless
     the caller asked for the hidden states themselves, or for captured forwards: transformers installs the hooks that
     record hidden states at the first forward asking for them, under a lock a compiled forward cannot trace."""
     hooks = not (options.output_hidden_states or capture_requested(options, target.device))
-    writer = PromptFeatureWriter.for_target(target, drafter.config.target_layer_ids) if hooks else None
+    writer = PromptFeatureWriter.for_target(target, drafter.config.target_layer_ids, drafter.fc) if hooks else None
     with writer or contextlib.nullcontext():
         outputs = target(
             input_ids=input_ids, attention_mask=rows.slot_mask, position_ids=rows.feature_positions, logits_to_keep=1,
@@ -237,7 +238,7 @@ def prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, 
     recorder.add(outputs, raw, processed, 1, prefill=True, kv_length=0)
     if streamer is not None:
         streamer.put(tokens[0].cpu())
-    features = drafter.target_features(outputs.hidden_states) if writer is None else writer.features
+    features = drafter.fused_features(outputs.hidden_states) if writer is None else writer.features
     return rows.start(tokens, features, processed, stopping_criteria)
 
 

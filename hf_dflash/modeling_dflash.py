@@ -37,6 +37,7 @@ from .configuration_dflash import (
 )
 # Imported for its effect: loading the drafter (remote code included) routes generate(assistant_model=drafter) to the
 # DFlash loop (tests/test_checkpoint.py runs a saved drafter where hf_dflash is not importable)
+from .features_dflash import dense_weight, fuse_layer, target_features  # noqa: F401
 from .generation_dflash import enable_dflash_generation  # noqa: F401
 from .hub_dflash import DFlashHubMixin
 from .vocabulary_dflash import DraftVocabularyMixin, frozen_head
@@ -228,14 +229,28 @@ class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedMod
         """This drafter's context from a target forward's `hidden_states` (see :func:`target_features`)."""
         return target_features(hidden_states, self.config.target_layer_ids)
 
-    def project_context(self, context_hidden_states: torch.Tensor | None) -> list[torch.Tensor | None]:
-        """Per drafter layer, the context it attends to: `hidden_norm(fc(features))` (DFlash, shared by all layers)
-        or `hidden_norm(softmax(w_d) . features)` (DFlare layer fusion, one per layer)."""
+    def fused_features(self, hidden_states, slots=None) -> torch.Tensor:
+        """The context the decoding loop keeps per token from a target forward's `hidden_states` (at `slots`; None:
+        all): ``fc(features)`` [b, n, H] summed in layer order as :class:`~features_dflash.PromptFeatureWriter` sums a
+        prompt's (DFlash), the features themselves (DFlare). The forward reads it with ``context_fused=True``."""
+        ids = self.config.target_layer_ids
+        states = [hidden_states[i + 1] if slots is None else hidden_states[i + 1][:, slots] for i in ids]
+        if self.fc is None:
+            return torch.cat(states, dim=-1)
+        fused, weight = None, dense_weight(self.fc)
+        for k in sorted(range(len(ids)), key=ids.__getitem__):  # the order the target's layers run in
+            fused = fuse_layer(weight, k, states[k], fused)
+        return fused
+
+    def project_context(self, context_hidden_states: torch.Tensor | None, fused: bool = False):
+        """Per drafter layer, the context it attends to: `hidden_norm(fc(features))` (DFlash, shared by all layers;
+        `fused`: `fc` already applied, :meth:`fused_features`) or `hidden_norm(softmax(w_d) . features)` (DFlare
+        layer fusion, one per layer)."""
         num_layers = len(self.layers)
         if context_hidden_states is None or context_hidden_states.shape[1] == 0:
             return [None] * num_layers
         if self.fc is not None:
-            return [self.hidden_norm(self.fc(context_hidden_states))] * num_layers
+            return [self.hidden_norm(context_hidden_states if fused else self.fc(context_hidden_states))] * num_layers
         batch, length, _ = context_hidden_states.shape
         features = context_hidden_states.view(batch, length, len(self.config.target_layer_ids), -1)
         mix = self.layer_fusion_weights.softmax(dim=-1).to(features.dtype)  # [L, T]
@@ -251,6 +266,7 @@ class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedMod
         past_key_values=None,
         use_cache: bool | None = None,
         cache=None,
+        context_fused: bool = False,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         r"""
@@ -271,6 +287,8 @@ class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedMod
                 Cache of context K/V; the block's K/V are appended too, and the caller crops them afterwards.
             cache (`Cache`, *optional*):
                 The same, under the name transformers uses from 5.24 on (its built-in DFlash generator passes it).
+            context_fused (`bool`, *optional*, defaults to `False`):
+                Whether `context_hidden_states` come from :meth:`fused_features` (what the decoding loop passes).
         Returns:
             `BaseModelOutputWithPast` with `last_hidden_state` `[batch, q_len, hidden]` (before the target LM head).
         """
@@ -284,7 +302,7 @@ class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedMod
         noise_embeds = noise_embeds.to(self.norm.weight.dtype)
         if context_hidden_states is not None:
             context_hidden_states = context_hidden_states.to(noise_embeds.dtype)
-        contexts = self.project_context(context_hidden_states)
+        contexts = self.project_context(context_hidden_states, fused=context_fused)
         position_embeddings = self.rotary_emb(noise_embeds, position_ids)
         masks = self.layer_masks(attention_mask, batch, q_len, past_len + n_ctx + q_len, noise_embeds.device)
 
@@ -390,19 +408,6 @@ class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedMod
         drafter = cls(config).to(device=target.device, dtype=target.dtype)
         check_drafter_matches_target(target, drafter)
         return drafter
-
-
-def target_features(hidden_states, layer_ids) -> torch.Tensor:
-    """The drafter's context: the target's hidden states after layers `layer_ids` (output of layer k is
-    ``hidden_states[k + 1]``), concatenated on the feature axis: [b, n, T*H]. Training and inference both call this,
-    so the drafter is trained on exactly what it reads at inference.
-
-    Example:
-        >>> states = [torch.full((1, 2, 3), float(i)) for i in range(4)]  # embeddings, then layers 0, 1, 2
-        >>> target_features(states, [0, 2])[0, 0].tolist()
-        [1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
-    """
-    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
 def sliding_window_mask(padding_mask, batch: int, q_len: int, kv_len: int, window: int, device) -> torch.Tensor:

@@ -37,7 +37,7 @@ class Rows:
     finished: list[torch.Tensor | None]  # by original batch row: the history a finished row ends with
     slot_mask: torch.Tensor | None  # [b, slots]: which cache slots hold real tokens; None while all do
     feature_positions: torch.Tensor  # [b, n]: positions of the slots verified since the drafter last read features
-    features: torch.Tensor | None = None  # [b, n, T*H]: their target features, the drafter's next context
+    features: torch.Tensor | None = None  # [b, n, C]: their drafter context (DFlashDraftModel.fused_features)
     anchor_positions: torch.Tensor | None = None  # [b]: position of each row's anchor (its last committed token)
     # plain steps' (features, positions), after `features`: joined when the drafter reads them (see `unread`)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
@@ -67,7 +67,7 @@ class Rows:
         return [r for r in range(len(self)) if self._extend(r, tokens[r], scores[r], stopping_criteria)[1]]
 
     def unread(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(features [b, n, T*H], positions [b, n]) of the slots verified since the drafter last read: its next
+        """(features [b, n, C], positions [b, n]) of the slots verified since the drafter last read: its next
         context. Plain steps leave theirs in pieces, joined here once, when the drafter reads them: joined at every
         step, a long prompt's unread features were copied per step while the policy took plain steps (+13% per token
         after a 2K-token prompt on a CPU)."""

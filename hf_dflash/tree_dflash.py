@@ -366,13 +366,13 @@ class TreeVerifier:
         kept = torch.tensor([0] + path, device=ids.device)
         rest = torch.tensor([i for i in range(width) if i not in set(kept.tolist())], dtype=torch.long,
                             device=ids.device)
-        order = torch.cat([kept, rest])
+        order = torch.cat([kept, rest])  # every verified slot, the path first: commit crops the cache after the path
         keep_path_slots(cache, cached, kept)
         accepted = torch.tensor([len(path)], device=ids.device)
         stats.add_verification(rows.ids, accepted, num_drafts=n - 1)
         tokens = torch.cat([tree.tokens[kept[1:]], tree.tokens.new_tensor([last])])[None]
         running, committed = rows.commit(
-            accepted, tokens, processed[kept][None], self.drafter.target_features(outputs.hidden_states)[:, order],
+            accepted, tokens, processed[kept][None], self.drafter.fused_features(outputs.hidden_states, kept),
             positions[:, order], cache, cached, self.stopping_criteria,
         )
         record(recorder, streamer, _Committed(outputs, kept, cached), raw[kept][None], processed[kept][None],

@@ -239,11 +239,11 @@ def block_outputs(target, drafter, prompt):
     """The drafter's final hidden states over the block after `prompt` (its last token the anchor) and the target's
     LM-head logits at the draft positions."""
     with torch.no_grad():
-        features = drafter.target_features(target(prompt[:, :-1], output_hidden_states=True).hidden_states)
+        features = drafter.fused_features(target(prompt[:, :-1], output_hidden_states=True).hidden_states)
         block = torch.tensor([[int(prompt[0, -1])] + [drafter.config.mask_token_id] * (BLOCK - 1)])
         n = prompt.shape[1] - 1
         hidden = drafter(noise_embeds=target.get_input_embeddings()(block), context_hidden_states=features,
-                         position_ids=torch.arange(n + BLOCK)[None]).last_hidden_state
+                         position_ids=torch.arange(n + BLOCK)[None], context_fused=True).last_hidden_state
     return features, hidden[0, 1:], target.lm_head(hidden[0, 1:])
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import assert_same, make_drafter, make_prompt, make_target, plain_generate
 
+from hf_dflash import features_dflash, modeling_dflash
 from hf_dflash.diagnostics_dflash import low_acceptance_causes
 
 NEW_TOKENS = 24
@@ -46,8 +47,16 @@ def test_an_fp32_drafter_next_to_a_bf16_target_drafts_in_fp32(monkeypatch):
     target = make_target("qwen3", num_hidden_layers=6, initializer_range=0.1).to(torch.bfloat16)
     drafter = make_drafter(make_target("qwen3", num_hidden_layers=6, initializer_range=0.1))
     received = []
-    forward = drafter.fc.forward
-    monkeypatch.setattr(drafter.fc, "forward", lambda x: received.append(x.dtype) or forward(x))
+
+    def fused_in(module):  # the prompt's context is fused by the feature writer, each cycle's by the drafter
+        def spy(*args):
+            result = fuse(*args)
+            return received.append(result.dtype) or result
+        fuse = module.fuse_layer
+        monkeypatch.setattr(module, "fuse_layer", spy)
+
+    fused_in(features_dflash)
+    fused_in(modeling_dflash)
     target.generate(make_prompt(10), assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert received and set(received) == {torch.float32}
     assert drafter.last_stats.drafted_verifications > 0

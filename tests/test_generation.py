@@ -427,8 +427,7 @@ def test_candidate_generator_api(qwen3_target):
     assert isinstance(generator, CandidateGenerator)
     prompt = make_prompt(10, seed=7)
     hidden = target(prompt[:, :-1], output_hidden_states=True).hidden_states
-    features = torch.cat([hidden[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
-    candidates, scores = generator.get_candidates(prompt, context_hidden_states=features)
+    candidates, scores = generator.get_candidates(prompt, context_hidden_states=drafter.fused_features(hidden))
     assert candidates.shape == (1, 10 + 7) and torch.equal(candidates[:, :10], prompt)
     assert scores.shape == (1, 7, target.config.vocab_size)
     assert torch.equal(candidates[0, 10:], scores[0].argmax(-1))

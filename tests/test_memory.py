@@ -1,7 +1,7 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
-"""What a call keeps alive beyond plain decoding: the prompt's features (the drafter's context, [b, n, T*H]) once,
-written layer by layer during the target's prefill, never a tuple of the selected hidden states and their
-concatenation at the same time. Counted to the byte (:class:`~hf_dflash.evaluation.memory.PeakTensorMemory`), not
+"""What a call keeps alive beyond plain decoding: the prompt's context once, written layer by layer during the
+target's prefill (through a DFlash drafter's ``fc``: one state per token; a DFlare drafter's features, [b, n, T*H]),
+never a tuple of the selected hidden states and their concatenation at the same time. Counted to the byte (:class:`~hf_dflash.evaluation.memory.PeakTensorMemory`), not
 timed; the peak resident memory at 2K-8K-token prompts on SmolLM2 is in BENCHMARKS.md."""
 
 import pytest
@@ -26,28 +26,53 @@ def peak_bytes(target, ids, **kwargs) -> int:
     return measured(target, ids, **kwargs).peak_bytes
 
 
+def deep_narrow_target():
+    """16 narrow layers: 15 selected layers' features outweigh a layer's transient tensors."""
+    return make_target(num_hidden_layers=16, intermediate_size=64, max_position_embeddings=2048)
+
+
 def test_the_prompt_features_are_held_once():
-    """A deep target with narrow layers and 15 selected ones: the features outweigh a layer's transient tensors, so
-    holding them twice (the selected hidden states and their concatenation) would set the call's peak at 1.5x."""
-    target = make_target(num_hidden_layers=16, intermediate_size=64, max_position_embeddings=2048)
-    drafter = make_drafter(target, target_layer_ids=list(range(15)))
+    """A DFlare drafter (layer fusion: no ``fc``) reads the 15 selected layers themselves: holding them twice (the
+    selected hidden states and their concatenation) would set the call's peak at 1.5x."""
+    target = deep_narrow_target()
+    drafter = make_drafter(target, target_layer_ids=list(range(15)), layer_fusion=True)
     ids = make_prompt(1024)
     features = ids.shape[1] * 15 * target.config.hidden_size * 4  # fp32
     extra = peak_bytes(target, ids, assistant_model=drafter) - peak_bytes(target, ids)
     assert extra <= 1.1 * features, f"the call held {extra / features:.2f}x the prompt's features beyond plain"
 
 
+def test_a_dflash_prompt_context_is_one_state_per_token():
+    """A DFlash drafter's ``fc`` is linear: each selected layer's output is projected by its slice of ``fc`` as the
+    layer finishes, so beyond plain the call holds about one hidden state per prompt token and the drafter's context
+    cache, not the 15 selected layers (which would be 15 states per token)."""
+    target = deep_narrow_target()
+    drafter = make_drafter(target, target_layer_ids=list(range(15)))
+    ids = make_prompt(1024)
+    state = ids.shape[1] * target.config.hidden_size * 4  # fp32: one hidden state per prompt token
+    extra = peak_bytes(target, ids, assistant_model=drafter) - peak_bytes(target, ids)
+    assert extra <= 4 * state, f"the call held {extra / state:.1f} hidden states per prompt token beyond plain"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_written_features_equal_the_selected_hidden_states(family):
-    """Per family, what the hooks write is what ``output_hidden_states`` returns for the drafter's layers."""
+    """Per family, what the hooks write is what ``output_hidden_states`` returns for the drafter's layers; through a
+    DFlash drafter's ``fc``, exactly what the loop fuses from a verify's hidden states (the drafter reads the same
+    numbers for the prompt whichever path made them), and ``fc`` of the concatenation up to rounding."""
     target = family_target(family)
-    layer_ids = [0, 2]
+    layer_ids = [2, 0, 1]  # in any order: the fused sum runs in the order the layers do
     writer = PromptFeatureWriter.for_target(target, layer_ids)
+    drafter = make_drafter(target, target_layer_ids=layer_ids)
+    fusing = PromptFeatureWriter.for_target(target, layer_ids, drafter.fc)
     assert writer is not None, "the family's decoder layers were not found: its prompts fall back to hidden states"
     ids = make_prompt(9)
-    with torch.no_grad(), writer:
+    with torch.no_grad(), writer, fusing:
         outputs = target(input_ids=ids, output_hidden_states=[i + 1 for i in layer_ids])
-    torch.testing.assert_close(writer.features, target_features(outputs.hidden_states, layer_ids), rtol=0, atol=0)
+    features = target_features(outputs.hidden_states, layer_ids)
+    torch.testing.assert_close(writer.features, features, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(fusing.features, drafter.fused_features(outputs.hidden_states), rtol=0, atol=0)
+        torch.testing.assert_close(fusing.features, drafter.fc(features))
 
 
 def test_the_last_layer_and_asked_hidden_states_keep_the_hidden_states_path():

@@ -34,7 +34,7 @@ def watch_drafter_context(monkeypatch, target, drafter) -> dict:
             with torch.no_grad():
                 hidden = target(history[None], output_hidden_states=True).hidden_states
             features, positions = rows.unread()
-            fresh = drafter.target_features(hidden)[:, positions[0]]
+            fresh = drafter.fused_features(hidden)[:, positions[0]]
             torch.testing.assert_close(
                 features, fresh, rtol=1e-4, atol=1e-5,
                 msg=lambda m: f"drafter context after cycle {seen['checks']} (history {history.tolist()}): {m}")
