@@ -65,6 +65,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.logits_processor = logits_processor if logits_processor is not None else lp.LogitsProcessorList()
         # Full layers only (no config): sliding-window drafter layers apply their window by mask, over all context
         self.cache = DynamicCache()
+        self.captured = None  # a CapturedDraft (capture_dflash.py): the drafter's forward captured, on its own cache
         self.cache_keyword = cache_argument(drafter)
         mask_ids = torch.full((1, self.block_size - 1), drafter.config.mask_token_id)
         self.mask_embeds = self._embed(mask_ids)
@@ -75,6 +76,11 @@ class DFlashCandidateGenerator(CandidateGenerator):
         if self.draft_ids is not None:
             self.draft_ids = self.draft_ids.to(self.lm_head.weight.device)
         self._draft_head: torch.Tensor | None = None
+
+    def capture(self, captured) -> None:
+        """Run the drafter's forwards through `captured` (a :class:`~capture_dflash.CapturedDraft`), whose static
+        cache becomes the context cache."""
+        self.captured, self.cache = captured, captured.cache
 
     def _embed(self, ids):
         weight = self.input_embeddings.weight
@@ -164,15 +170,18 @@ class DFlashCandidateGenerator(CandidateGenerator):
         positions = torch.cat([context_positions.to(device), anchor_positions.to(device)[:, None] + offsets], dim=1)
         if slot_mask is not None:
             slot_mask = torch.cat([slot_mask, slot_mask.new_ones(batch, self.block_size)], dim=1).to(device)
-        hidden = self.drafter(
-            noise_embeds=block,
-            context_hidden_states=context.to(device),
-            context_fused=True,
-            position_ids=positions,
-            attention_mask=slot_mask,
-            **{self.cache_keyword: self.cache},
-        ).last_hidden_state
-        self.cache.crop(-self.block_size)  # keep the context K/V only
+        if self.captured is not None:  # a batch of one
+            hidden = self.captured(block, context.to(device), positions)
+        else:
+            hidden = self.drafter(
+                noise_embeds=block,
+                context_hidden_states=context.to(device),
+                context_fused=True,
+                position_ids=positions,
+                attention_mask=slot_mask,
+                **{self.cache_keyword: self.cache},
+            ).last_hidden_state
+            self.cache.crop(-self.block_size)  # keep the context K/V only
         rows = gemm_friendly_rows(num_drafts + 1, device, batch)
         # the target's LM head scores the drafter's states in the target's dtype (the drafter may run in another)
         hidden = hidden[:, :rows].to(device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype)

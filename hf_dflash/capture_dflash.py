@@ -1,17 +1,20 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """Captured forwards: the target's verify forward compiled once per width (``torch.compile``; on CUDA, under
-``mode="reduce-overhead"``, replayed as CUDA graphs) over a static cache, so that a cycle costs what the hardware
-needs rather than what Python and kernel launches cost.
+``mode="reduce-overhead"``, replayed as CUDA graphs) over a static cache, and the drafter's forward at one width over
+a static cache of its own, so that a cycle costs what the hardware needs rather than what Python and kernel launches
+cost.
 
 Opt in with ``generate(..., assistant_model=drafter, dflash_compile=True)`` (a static cache is then made for the call
 unless one is passed), or as transformers does for plain decoding: a ``compile_config`` on a device it compiles on
 (CUDA and other accelerators, or any with ``compile_config._compile_all_devices``); ``disable_compile=True`` turns it
 off. What runs captured: every verify forward of a batch of one on a chain (the drafter's drafts, prompt-lookup drafts
 and the default policy's plain steps), at the widths of :func:`~timing_dflash.captured_widths` (a verify is padded up
-to the next one; one that would not fit before the static cache's end runs eager). What stays eager: the prompt's
-prefill (one shape per prompt, as in transformers), the drafter's forward (its context cache grows every cycle),
+to the next one; one that would not fit before the static cache's end runs eager), and the drafter's forward with its
+new context padded to a block (:class:`CapturedDraft`). What stays eager: the prompt's prefill (one shape per prompt,
+as in transformers), the drafter's read of a context wider than a block (the prompt; plain steps read at once),
 batches (their padding mask grows), trees (their masks), targets with recurrent layers (their states are saved and
-restored around a verify), and any forward the compiler cannot capture (a warning says so, once per target).
+restored around a verify), drafters with sliding-window layers, and any forward the compiler cannot capture (a
+warning says so, once per model).
 
 Every graph compiled is counted, with the seconds its call took, in :class:`~stats_dflash.DFlashStats`
 (``graphs_compiled``, ``compile_seconds``) and logged; a width compiled again for the same cache length (a recompile:
@@ -25,9 +28,11 @@ import time
 import weakref
 
 import torch
+from torch import nn
+from transformers import StaticCache
 from transformers.utils import logging
 
-from .cache_dflash import cache_capacity
+from .cache_dflash import cache_argument, cache_capacity
 from .options_dflash import DFlashCallOptions
 from .timing_dflash import captured_widths
 
@@ -80,27 +85,21 @@ def eager_reason(batch: int, trees: bool, recurrent: bool, cache) -> str | None:
     return None
 
 
-# target -> (settings, the compiled call, the (width, cache length) pairs compiled for, whether capture failed)
+# model -> (settings, the compiled call, the (width, cache length) pairs compiled for, whether capture failed)
 _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-class CapturedVerify:
-    """The target's verify forward, compiled (one per target and settings, shared by every call and kept with the
-    target, as transformers keeps its compiled decoding call). Call it as the target; `widths` are those it is
-    captured at; `graphs` counts the graphs compiled during this call, and `stats` (the call's
-    :class:`~stats_dflash.DFlashStats`) gets them with their seconds.
+class CapturedForward:
+    """A model's forward, compiled (one per model and settings, shared by every call and kept with the model, as
+    transformers keeps its compiled decoding call); `graphs` counts the graphs compiled during this call, and `stats`
+    (the call's :class:`~stats_dflash.DFlashStats`) gets them with their seconds. `name` says which forward in logs."""
 
-    Example:
-        >>> verify = CapturedVerify(target, widest=16, settings=compile_settings(options, "cuda"))  # doctest: +SKIP
-        >>> outputs = verify(input_ids=ids, position_ids=positions, **forward_kwargs)  # doctest: +SKIP
-    """
-
-    def __init__(self, target, widest: int, settings: dict, stats=None):
-        self.target, self.widths = target, captured_widths(widest)
-        entry = _COMPILED.get(target)
+    def __init__(self, model, settings: dict, stats=None, name: str = "verify"):
+        self.model, self.name = model, name
+        entry = _COMPILED.get(model)
         if entry is None or entry["settings"] != settings:
-            entry = _COMPILED[target] = {"settings": settings, "call": torch.compile(target.__call__, **settings),
-                                         "compiled": set(), "failed": False}
+            entry = _COMPILED[model] = {"settings": settings, "call": torch.compile(model.__call__, **settings),
+                                        "compiled": set(), "failed": False}
         self.entry = entry
         self.cuda_graphs = settings.get("mode") in ("reduce-overhead", "max-autotune")
         self.graphs, self.stats = 0, stats
@@ -109,11 +108,11 @@ class CapturedVerify:
     def failed(self) -> bool:
         return self.entry["failed"]
 
-    def __call__(self, cache_length: int, **inputs):
-        """The target's outputs for `inputs` (eager when capture failed for this target); `cache_length`: the static
-        cache's slots (a new length is a new graph)."""
+    def run(self, width: int, cache_length: int, **inputs):
+        """The model's outputs for `inputs` (eager when capture failed for this model); `width` and `cache_length`
+        (the static cache's slots) name the graph in logs (a new one of either is a new graph)."""
         if self.failed:
-            return self.target(**inputs)
+            return self.model(**inputs)
         before, start = graphs_compiled(), time.perf_counter()
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -123,13 +122,13 @@ class CapturedVerify:
                 outputs = self.entry["call"](**inputs)
         except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as error:
             self.entry["failed"] = True
-            logger.warning(f"hf_dflash: the target's verify forward could not be captured ({type(error).__name__}: "
-                           f"{str(error).splitlines()[0]}); it runs eagerly for {type(self.target).__name__}.")
-            return self.target(**inputs)
+            logger.warning(f"hf_dflash: the {self.name} forward could not be captured ({type(error).__name__}: "
+                           f"{str(error).splitlines()[0]}); it runs eagerly for {type(self.model).__name__}.")
+            return self.model(**inputs)
         new = graphs_compiled() - before
         if new:
-            self._count(new, inputs["input_ids"].shape[1], cache_length, time.perf_counter() - start)
-        return keep_outputs(outputs) if self.cuda_graphs else outputs
+            self._count(new, width, cache_length, time.perf_counter() - start)
+        return outputs
 
     def _count(self, new: int, width: int, cache_length: int, seconds: float) -> None:
         self.graphs += new
@@ -138,13 +137,95 @@ class CapturedVerify:
             self.stats.compile_seconds += seconds
         key = (width, cache_length)
         if key in self.entry["compiled"]:
-            logger.warning(f"hf_dflash: the captured verify forward was compiled again at width {width} for a cache of "
-                           f"{cache_length} slots ({seconds:.1f} s): something it depends on changed (see "
+            logger.warning(f"hf_dflash: the captured {self.name} forward was compiled again at width {width} for a "
+                           f"cache of {cache_length} slots ({seconds:.1f} s): something it depends on changed (see "
                            "TORCH_LOGS=recompiles).")
         else:
-            logger.info(f"hf_dflash: captured the verify forward at width {width} for a cache of {cache_length} "
+            logger.info(f"hf_dflash: captured the {self.name} forward at width {width} for a cache of {cache_length} "
                         f"slots ({seconds:.1f} s, once per width and cache length).")
         self.entry["compiled"].add(key)
+
+
+class CapturedVerify(CapturedForward):
+    """The target's verify forward, compiled. Call it as the target; `widths` are those it is captured at.
+
+    Example:
+        >>> verify = CapturedVerify(target, widest=16, settings=compile_settings(options, "cuda"))  # doctest: +SKIP
+        >>> outputs = verify(cache_length, input_ids=ids, position_ids=positions, **forward_kwargs)  # doctest: +SKIP
+    """
+
+    def __init__(self, target, widest: int, settings: dict, stats=None):
+        super().__init__(target, settings, stats)
+        self.target, self.widths, self.settings = target, captured_widths(widest), settings
+
+    def __call__(self, cache_length: int, **inputs):
+        """The target's outputs for `inputs`; `cache_length`: the static cache's slots."""
+        outputs = self.run(inputs["input_ids"].shape[1], cache_length, **inputs)
+        return keep_outputs(outputs) if self.cuda_graphs and not self.failed else outputs
+
+
+def drafter_capturable(drafter) -> bool:
+    """Whether the drafter's forward can run captured (:class:`CapturedDraft`): not with sliding-window layers, whose
+    window is built from a padding mask (they run eagerly, and a warning says so)."""
+    if "sliding_attention" in (getattr(drafter.config, "layer_types", None) or []):
+        logger.warning("hf_dflash: the drafter has sliding-window layers; its forward runs eagerly (the verify is "
+                       "captured).")
+        return False
+    return True
+
+
+class CapturedDraft(CapturedForward):
+    """The drafter's forward at one shape, compiled, over its own static context cache (:attr:`cache`).
+
+    Each cycle the drafter reads the context of the tokens committed since it last ran (1 to a block of them after a
+    verify) and proposes a block. Padded to a block's width, that context always has one shape: the padding's slots
+    are written after the real ones, masked, and given back with the block's (the cache's length rewound), so the next
+    context overwrites them. Wider contexts (the prompt; the steps the default policy took plainly, read at once) run
+    the same forward eagerly, on the same cache. The mask spans the cache's whole preallocated length, as a captured
+    verify's does. Batches of one only (the captured verify's rule).
+
+    Example:
+        >>> draft = CapturedDraft(drafter, context_slots=4096, settings=compile_settings(options, "cuda"))  # doctest: +SKIP
+        >>> hidden = draft(block_embeds, context, positions)  # doctest: +SKIP
+    """
+
+    def __init__(self, drafter, context_slots: int, settings: dict, stats=None):
+        super().__init__(drafter, settings, stats, name="drafter")
+        self.width = drafter.config.block_size
+        self.slots = context_slots + 2 * self.width  # the context, then a padded context and the block at the end
+        self.cache = StaticCache(config=drafter.config, max_cache_len=self.slots)
+        # made before any forward, outside the graph (a short prompt's first read is captured): CUDA graphs need
+        # the cache's tensors at fixed addresses
+        config = drafter.config
+        self.cache.early_initialization(1, config.num_key_value_heads, getattr(config, "head_dim", None)
+                                        or config.hidden_size // config.num_attention_heads, drafter.dtype,
+                                        drafter.device)
+        self.keyword = cache_argument(drafter)
+        self.length = 0  # slots holding context: the layers' length, kept on the host (reading it would sync)
+
+    def __call__(self, block: torch.Tensor, context: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The drafter's last hidden states [1, q, H] for the `block` embeddings [1, q, H] after the fused `context`
+        [1, n, C] (``DFlashDraftModel.fused_features``); `positions` [1, n + q]: the context's, then the block's."""
+        n, q = context.shape[1], block.shape[1]
+        width = self.width if n <= self.width else n  # wider: eager at its own width
+        if self.length + width + q > self.slots:
+            raise RuntimeError(f"The drafter's static cache is full ({self.slots} slots).")
+        context = nn.functional.pad(context, (0, 0, 0, width - n))
+        last = positions[:, max(n - 1, 0) : max(n, 1)]  # the padding's positions: any (masked)
+        positions = torch.cat([positions[:, :n], last.expand(-1, width - n), positions[:, n:]], dim=1)
+        slots = torch.arange(self.slots, device=block.device)
+        end = self.length + width
+        real = (slots < self.length + n) | ((slots >= end) & (slots < end + q))
+        inputs = {"noise_embeds": block, "context_hidden_states": context, "position_ids": positions,
+                  "attention_mask": real[None, None, None, :].expand(1, 1, q, -1), "context_fused": True,
+                  self.keyword: self.cache}
+        if width == self.width:
+            hidden = self.run(width, self.slots, **inputs).last_hidden_state.clone()  # a replay overwrites it
+        else:
+            hidden = self.model(**inputs).last_hidden_state
+        self.cache.crop(-(width - n + q))
+        self.length += n
+        return hidden
 
 
 def graphs_compiled() -> int:

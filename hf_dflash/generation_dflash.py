@@ -49,7 +49,9 @@ from .cache_dflash import (
     has_sliding_window,
 )
 from .candidates_dflash import DFlashCandidateGenerator
-from .capture_dflash import CapturedVerify, capture_requested, compile_settings, eager_reason
+from .capture_dflash import (
+    CapturedDraft, CapturedVerify, capture_requested, compile_settings, drafter_capturable, eager_reason,
+)
 from .checks_dflash import check_drafter_matches_target, check_generate_call, is_dflash_drafter
 from .diagnostics_dflash import check_acceptance
 from .features_dflash import PromptFeatureWriter
@@ -94,6 +96,8 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
     stats.prefill_seconds = time.perf_counter() - start_time
     recurrent, sliding = RecurrentStates(cache), has_sliding_window(cache)
     captured = captured_verify(target, drafter, options, cache, len(rows), bool(recurrent), stats)
+    if captured is not None and drafter_capturable(drafter):
+        generator.capture(CapturedDraft(drafter, cache_capacity(cache), captured.settings, stats))
     policy = draft_policy(options, target, drafter, captured=() if captured is None else captured.widths)
     tree = None if options.tree_budget is None else TreeVerifier(
         target, drafter, forward_kwargs, logits_processor, stopping_criteria, options, policy)

@@ -351,15 +351,16 @@ class CostAwarePolicy:
         if draft_seconds is not None:
             table.observe_draft(draft_seconds)
 
-    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
+    def tree_budget(self, log_probs: list[float], batch: int, device) -> Draft:
         """Drafts to verify from a best-first tree whose nodes have the drafter's joint path log-probabilities
         `log_probs` (node 0: the anchor): the b maximising (1 + c * sum of the first b path probabilities) /
-        t(verify of b + 1 rows), c the measured ratio of accepted to expected drafts (the drafter's calibration).
+        t(verify of b + 1 rows), c the measured ratio of accepted to expected drafts (the drafter's calibration),
+        its verify padded as a chain's is (:meth:`CostTable.cheaper_wider`: t counted it at the wider width's cost).
         The drafter has run already, so its cost does not count here; the whole tree until verify costs are known."""
         table = self.table(batch, device)
         nodes = len(log_probs) - 1
         if len(table.verify) < 2:
-            return nodes
+            return Draft(nodes)
         width = functools.partial(gemm_friendly_rows, device=torch.device(device), batch=batch)
         scale = (self.tree_accepted + 1.0) / (self.tree_expected + 1.0)
         best, best_speed, mass = nodes, 0.0, 0.0
@@ -368,7 +369,9 @@ class CostAwarePolicy:
             speed = (1.0 + scale * mass) / table.verify_seconds(width(b + 1))
             if speed > best_speed:
                 best, best_speed = b, speed
-        return best
+        own = width(best + 1)
+        rows = table.cheaper_wider(own, most=width(max(nodes, self.most) + 1))
+        return Draft(best, rows=0 if rows == own else rows)
 
     def observe_tree(self, expected: float, accepted: int) -> None:
         """One tree verification: the drafter expected `expected` accepted drafts (its path probabilities summed), the

@@ -57,9 +57,9 @@ class DraftPolicy(Protocol):
     def observe_acceptance(self, num_drafts: int, accepted: list[int]) -> None:
         """A verification of `num_drafts` drafter drafts per row; `accepted`: the drafts each row accepted."""
 
-    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
+    def tree_budget(self, log_probs: list[float], batch: int, device) -> Draft:
         """Drafts to verify from a best-first tree whose nodes have the drafter's path log-probabilities
-        `log_probs` (node 0: the anchor)."""
+        `log_probs` (node 0: the anchor): their count, and the rows to pad its verify to (0: none)."""
 
     def observe_tree(self, expected: float, accepted: int) -> None:
         """A tree verification: the drafter expected `expected` accepted drafts, the target accepted `accepted`."""
@@ -71,7 +71,7 @@ class FullBlocks(DraftPolicy):
 
     Example:
         >>> policy = FullBlocks(15)
-        >>> policy.choose(1, "cpu"), policy.tree_budget([0.0, -0.1, -0.5], 1, "cpu")
+        >>> policy.choose(1, "cpu"), policy.tree_budget([0.0, -0.1, -0.5], 1, "cpu").count
         (Draft(count=15, from_lookup=False, scored_only=False, rows=0), 2)
     """
 
@@ -81,8 +81,8 @@ class FullBlocks(DraftPolicy):
     def choose(self, batch: int, device, lookup_length: int = 0, lookup_size: int = 0, context: int = 0) -> Draft:
         return Draft(self.most)
 
-    def tree_budget(self, log_probs: list[float], batch: int, device) -> int:
-        return len(log_probs) - 1
+    def tree_budget(self, log_probs: list[float], batch: int, device) -> Draft:
+        return Draft(len(log_probs) - 1)
 
 
 class HeuristicSchedule(FullBlocks):

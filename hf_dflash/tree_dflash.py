@@ -334,7 +334,8 @@ class TreeVerifier:
         history = rows.histories[0]
         tree = build_tree(history[-1], draft_scores[0], self.options.tree_budget, self.options.do_sample)
         # the best b-node tree is the first b nodes of the best-first one; its shape never depends on the draws
-        chosen = self.policy.tree_budget(tree.log_probs, batch=1, device=device)
+        budget = self.policy.tree_budget(tree.log_probs, batch=1, device=device)
+        chosen = budget.count
         cached = cache_slots(cache)
         free = free_slots(cache, cached)
         branch = self.branch_length(history)
@@ -347,6 +348,8 @@ class TreeVerifier:
             tree.add_branch(prompt_lookup(history, branch, self.options.lookup_ngram))
         n = len(tree)
         width = gemm_friendly_rows(n, device, most=free)
+        if n <= budget.rows and (free is None or budget.rows <= free):  # measured cheaper than n rows
+            width = max(width, budget.rows)
         ids = torch.cat([tree.tokens, tree.tokens[:1].expand(width - n)])[None]
         depths = torch.tensor(tree.depths + [0] * (width - n), device=ids.device)
         positions = rows.anchor_positions[:, None] + depths[None]

@@ -23,9 +23,9 @@ from conftest import (
     make_prompt,
     make_target,
 )
-from transformers import CompileConfig, StaticCache
+from transformers import CompileConfig, DynamicCache, StaticCache
 
-from hf_dflash.capture_dflash import CapturedVerify, capture_requested
+from hf_dflash.capture_dflash import CapturedDraft, CapturedForward, CapturedVerify, capture_requested
 from hf_dflash.options_dflash import DFlashCallOptions
 from hf_dflash.timing_dflash import captured_widths
 
@@ -184,3 +184,46 @@ def test_bad_compile_switches_raise_before_any_work(qwen3, kwargs, message):
     target, drafter = qwen3
     with pytest.raises(ValueError, match=message):
         target.generate(make_prompt(8), assistant_model=drafter, max_new_tokens=4, **kwargs)
+
+
+def test_the_drafters_forward_runs_captured_at_a_blocks_width(qwen3, monkeypatch):
+    """With the verify captured, the drafter's forward runs compiled at one shape (its context padded to a block's
+    width) over its own static cache; a wider context (the prompt's) runs eagerly on the same cache. Lossless on
+    every path of the default policy, with drafters good and bad."""
+    target, drafter = qwen3
+    widths, run = [], CapturedForward.run
+
+    def spy(self, width, cache_length, **inputs):
+        if self.name == "drafter":
+            widths.append(inputs["context_hidden_states"].shape[1])
+        return run(self, width, cache_length, **inputs)
+
+    monkeypatch.setattr(CapturedForward, "run", spy)
+    with every_policy_path():
+        assert_lossless(target, drafter, make_prompt(14, seed=3), max_new_tokens=NEW, compile_config=AOT_EAGER,
+                        assisted={"dflash_compile": True, "dflash_policy": "cost"})
+    assert widths and set(widths) == {drafter.config.block_size}
+
+
+def test_the_captured_drafter_reads_what_the_eager_one_reads(qwen3):
+    """Cycle after cycle (contexts of 1 to a block's tokens, and a prompt wider than a block first), the captured
+    drafter's states equal the eager drafter's on a growing dynamic cache: the padding's slots are masked and given
+    back, the next context overwrites them."""
+    target, drafter = qwen3
+    torch._dynamo.reset()
+    captured = CapturedDraft(drafter, context_slots=64, settings=AOT_EAGER.to_dict())
+    cache, block, hidden = DynamicCache(), drafter.config.block_size, target.config.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    start = 0
+    with torch.no_grad():
+        for n in (11, 1, 3, block, 2, block - 1):
+            context = torch.randn(1, n, hidden, generator=generator)
+            embeds = torch.randn(1, block, hidden, generator=generator)
+            positions = torch.arange(start, start + n + block)[None]
+            eager = drafter(noise_embeds=embeds, context_hidden_states=context, position_ids=positions,
+                            context_fused=True, past_key_values=cache).last_hidden_state
+            cache.crop(-block)
+            got = captured(embeds, context, positions)
+            torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5, msg=lambda m: f"context of {n}: {m}")
+            start += n
+    assert captured.length == start and captured.graphs == 1

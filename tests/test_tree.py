@@ -39,7 +39,7 @@ from transformers import pipeline
 
 from hf_dflash import lookup_dflash, tree_dflash
 from hf_dflash.costs_dflash import CostTable
-from hf_dflash.policy_dflash import CostAwarePolicy
+from hf_dflash.policy_dflash import CostAwarePolicy, Draft
 from hf_dflash.tree_dflash import build_tree, greedy_path, sample_path, tree_shape
 
 
@@ -604,25 +604,61 @@ def test_tree_budget_follows_verify_costs_and_the_drafters_calibration(monkeypat
     table = CostTable()
     install_cost_table(monkeypatch, target, table)
     log_probs = [0.0] + [math.log(p) for p in (0.5, 0.2, 0.1, 0.05, 0.05, 0.02, 0.01, 0.01)]
-    assert policy.tree_budget(log_probs, 1, "cpu") == 8  # verify costs unknown: the whole tree
+    assert policy.tree_budget(log_probs, 1, "cpu").count == 8  # verify costs unknown: the whole tree
     table.observe_verify(1, 0.010)
     table.observe_verify(32, 0.010)  # flat (a GPU at small widths): every node is worth verifying
-    assert policy.tree_budget(log_probs, 1, "cpu") == 8
+    assert policy.tree_budget(log_probs, 1, "cpu").count == 8
     table = CostTable()
     install_cost_table(monkeypatch, target, table)
     table.observe_verify(1, 0.010)
     table.observe_verify(9, 0.020)  # steep (a CPU): only the likely nodes pay
-    assert 1 <= policy.tree_budget(log_probs, 1, "cpu") <= 2
+    assert 1 <= policy.tree_budget(log_probs, 1, "cpu").count <= 2
     for _ in range(50):  # the drafter turns out far better than its probabilities say: verify more
         policy.observe_tree(expected=0.5, accepted=4)
-    assert policy.tree_budget(log_probs, 1, "cpu") > 2
+    assert policy.tree_budget(log_probs, 1, "cpu").count > 2
+
+
+def test_a_tree_verify_is_padded_to_a_wider_width_measured_cheaper(monkeypatch):
+    """As a chain's: where this machine's verify of 8 rows was measured cheaper than the tree's own 6 (CPU matrix
+    products run some row counts slower than more rows), the tree's budget counted 6 rows at 8's cost, so it runs 8."""
+    target = cached_target("qwen3")
+    policy = CostAwarePolicy(target, 15)
+    table = CostTable()
+    install_cost_table(monkeypatch, target, table)
+    for width, seconds in [(6, 0.126), (8, 0.110), (1, 0.061)]:
+        table.observe_verify(width, seconds)
+    log_probs = [0.0] + [math.log(0.9)] * 5  # 5 likely nodes: all of them pay
+    assert policy.tree_budget(log_probs, 1, "cpu") == Draft(5, rows=8)
+    table.observe_verify(8, 0.2)  # 8 rows no longer cheaper: the tree runs its own rows
+    table.observe_verify(8, 0.2)
+    assert policy.tree_budget(log_probs, 1, "cpu") == Draft(5)
+
+
+def test_the_tree_verifies_as_many_rows_as_the_policy_pads_to(monkeypatch):
+    target = cached_target("qwen3")
+    drafter, prompt = make_drafter(target, 8), make_prompt(10)
+    widths = []
+    monkeypatch.setattr(CostAwarePolicy, "tree_budget", lambda self, *args, **kwargs: Draft(2, rows=7))
+    hook = target.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                            with_kwargs=True)
+
+    def every_tree_verify_ran_seven_rows(kind, got, expected, proposals):
+        assert set(widths) <= {prompt.shape[1], 1, 7} and 7 in widths, (kind, widths)  # prefills, plain steps, trees
+        widths.clear()
+
+    try:
+        assert_lossless(target, drafter, prompt, TREE_KINDS, max_new_tokens=16, check=every_tree_verify_ran_seven_rows,
+                        assisted=dict(dflash_tree_budget=8, dflash_policy="cost"))
+    finally:
+        hook.remove()
 
 
 def random_budgets(monkeypatch, seed: int = 0):
-    """Each tree verifies a random number of its nodes (any choice must stay lossless)."""
+    """Each tree verifies a random number of its nodes, padded to 16 rows half the time (any choice must stay
+    lossless)."""
     rng = random.Random(seed)
     monkeypatch.setattr(CostAwarePolicy, "tree_budget", lambda self, log_probs, batch, device:
-                        rng.randint(1, len(log_probs) - 1))
+                        Draft(rng.randint(1, len(log_probs) - 1), rows=rng.choice([0, 16])))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
