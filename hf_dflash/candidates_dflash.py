@@ -82,6 +82,11 @@ class DFlashCandidateGenerator(CandidateGenerator):
         cache becomes the context cache."""
         self.captured, self.cache = captured, captured.cache
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the last drafter forward compiled a graph: its seconds are not the drafter's cost."""
+        return self.captured is not None and self.captured.compiled
+
     def _embed(self, ids):
         weight = self.input_embeddings.weight
         return self.input_embeddings(ids.to(weight.device)).to(self.drafter.device)

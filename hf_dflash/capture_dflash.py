@@ -103,6 +103,7 @@ class CapturedForward:
         self.entry = entry
         self.cuda_graphs = settings.get("mode") in ("reduce-overhead", "max-autotune")
         self.graphs, self.stats = 0, stats
+        self.compiled = False  # whether the last call compiled a graph (its seconds are not the forward's cost)
 
     @property
     def failed(self) -> bool:
@@ -111,6 +112,7 @@ class CapturedForward:
     def run(self, width: int, cache_length: int, **inputs):
         """The model's outputs for `inputs` (eager when capture failed for this model); `width` and `cache_length`
         (the static cache's slots) name the graph in logs (a new one of either is a new graph)."""
+        self.compiled = False
         if self.failed:
             return self.model(**inputs)
         before, start = graphs_compiled(), time.perf_counter()
@@ -128,6 +130,7 @@ class CapturedForward:
         new = graphs_compiled() - before
         if new:
             self._count(new, width, cache_length, time.perf_counter() - start)
+        self.compiled = bool(new)
         return outputs
 
     def _count(self, new: int, width: int, cache_length: int, seconds: float) -> None:
@@ -222,7 +225,7 @@ class CapturedDraft(CapturedForward):
         if width == self.width:
             hidden = self.run(width, self.slots, **inputs).last_hidden_state.clone()  # a replay overwrites it
         else:
-            hidden = self.model(**inputs).last_hidden_state
+            hidden, self.compiled = self.model(**inputs).last_hidden_state, False
         self.cache.crop(-(width - n + q))
         self.length += n
         return hidden

@@ -108,7 +108,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         draft, lookup = next_draft(policy, generator, rows, cache, trees=tree is not None)
         candidates, draft_scores, drafter_ran, probe = proposed(generator, policy, rows, draft, lookup)
         drafts, drafted = candidates[:, 1:], synchronized_clock(device)
-        draft_seconds = drafted - tic if drafter_ran else None
+        draft_seconds = drafted - tic if drafter_ran and not generator.compiled else None
         stats.draft_seconds += drafted - tic
         stats.lookup_cycles += int(draft.from_lookup)
         if tree is not None and drafts.shape[1] and not draft.from_lookup:  # steps 3-5 over a tree of drafts

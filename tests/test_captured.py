@@ -27,6 +27,7 @@ from transformers import CompileConfig, DynamicCache, StaticCache
 
 from hf_dflash.capture_dflash import CapturedDraft, CapturedForward, CapturedVerify, capture_requested
 from hf_dflash.options_dflash import DFlashCallOptions
+from hf_dflash.policy_dflash import CostAwarePolicy
 from hf_dflash.timing_dflash import captured_widths
 
 NEW = 30
@@ -227,3 +228,27 @@ def test_the_captured_drafter_reads_what_the_eager_one_reads(qwen3):
             torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5, msg=lambda m: f"context of {n}: {m}")
             start += n
     assert captured.length == start and captured.graphs == 1
+
+
+def test_a_drafter_forward_that_compiled_is_not_its_cost(qwen3, monkeypatch):
+    """The cycle whose drafter forward compiled a graph does not teach the policy that drafting costs the compile."""
+    target, drafter = qwen3
+    torch._dynamo.reset()
+    compiles, draft_costs = [], []
+    count, observe = CapturedForward._count, CostAwarePolicy.observe_costs
+
+    def counted(self, new, width, cache_length, seconds):
+        if self.name == "drafter":
+            compiles.append(seconds)
+        return count(self, new, width, cache_length, seconds)
+
+    def observed(self, batch, device, width, target_seconds, draft_seconds=None):
+        draft_costs.append(draft_seconds)
+        return observe(self, batch, device, width, target_seconds, draft_seconds)
+
+    monkeypatch.setattr(CapturedForward, "_count", counted)
+    monkeypatch.setattr(CostAwarePolicy, "observe_costs", observed)
+    target.generate(make_prompt(12), max_new_tokens=NEW, do_sample=False, assistant_model=drafter,
+                    dflash_compile=True, compile_config=AOT_EAGER, dflash_policy="cost")
+    measured = [seconds for seconds in draft_costs if seconds is not None]
+    assert compiles and measured and max(measured) < 0.5 * min(compiles), (compiles, measured)
