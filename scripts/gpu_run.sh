@@ -88,7 +88,7 @@ if [ "$CUDA" = 1 ] && [ "$SECONDS_LEFT" -lt 60 ]; then
   STATUS[gpu_check]=no-time-left
 elif [ "$CUDA" = 1 ]; then
   log "gpu_check: ${SECONDS_LEFT}s left"
-  # ours on a static cache too: eager, and with the verify forward captured (CUDA graphs; compiles are warmed up)
+  # ours on a static cache too: eager, and with the verify and drafter forwards captured (CUDA graphs; warmed up)
   timeout "$SECONDS_LEFT" "$PYTHON" benchmarks/gpu_check.py --device cuda --json "$OUT/gpu_check.json" \
     --extra-method 'dflash_static={"cache_implementation": "static"}' \
     --extra-method 'dflash_captured={"dflash_compile": true}' ${GPU_CHECK_ARGS:-} > "$OUT/gpu_check.log" 2>&1

@@ -170,7 +170,8 @@ def test_a_static_cache_matches_plain(device, call):
 @pytest.mark.parametrize("paths", ["full blocks", "every path"])
 def test_captured_verify_matches_plain(device, paths):
     """``dflash_compile=True`` with its default settings: on CUDA, inductor under mode="reduce-overhead", every verify
-    width replayed as a CUDA graph (whose outputs the next replay overwrites: the loop must keep copies)."""
+    width and the drafter's forward replayed as CUDA graphs (whose outputs the next replay overwrites: the loop must
+    keep copies)."""
     target, drafter = device_target("qwen3", device), device_drafter("qwen3", device)
     assisted = dict(dflash_compile=True, dflash_policy="full" if paths == "full blocks" else "cost")
     with every_policy_path() if paths == "every path" else contextlib.nullcontext():
