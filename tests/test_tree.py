@@ -643,7 +643,7 @@ def test_the_tree_verifies_as_many_rows_as_the_policy_pads_to(monkeypatch):
                                             with_kwargs=True)
 
     def every_tree_verify_ran_seven_rows(kind, got, expected, proposals):
-        assert set(widths) <= {prompt.shape[1], 1, 7} and 7 in widths, (kind, widths)  # prefills, plain steps, trees
+        assert 7 in widths, (kind, widths)  # the trees' verifies ran padded (other widths: prefills, plain steps)
         widths.clear()
 
     try:

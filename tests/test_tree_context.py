@@ -94,7 +94,7 @@ def test_drafter_context_across_plain_steps_and_chosen_tree_budgets(monkeypatch)
     rng = random.Random(2)
     monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *args, **kwargs: Draft(rng.choice([0, 0, self.most])))
     monkeypatch.setattr(CostAwarePolicy, "tree_budget", lambda self, log_probs, batch, device:
-                        rng.randint(1, len(log_probs) - 1))
+                        Draft(rng.randint(1, len(log_probs) - 1)))
     out, reference, seen, stats = watched_tree_run(monkeypatch, "ranked", 5, do_sample=False, dflash_policy="cost")
     assert out.tolist() == reference.tolist()
     assert seen["checks"] >= 6 and seen["reordered"] >= 1, seen
