@@ -159,7 +159,7 @@ class CapturedVerify(CapturedForward):
 
     def __init__(self, target, widest: int, settings: dict, stats=None):
         super().__init__(target, settings, stats)
-        self.target, self.widths, self.settings = target, captured_widths(widest), settings
+        self.widths, self.settings = captured_widths(widest), settings
 
     def __call__(self, cache_length: int, **inputs):
         """The target's outputs for `inputs`; `cache_length`: the static cache's slots."""

@@ -305,15 +305,15 @@ class CostAwarePolicy:
             return Draft(self.most)
         return draft
 
-    def _padded(self, draft: Draft, table: CostTable, width) -> Draft:
-        """`draft`, its verify padded to the cheapest wider width measured (:meth:`CostTable.cheaper_wider`): the
-        costs it was chosen on already count it at that width's cost. A drafter chain's count is chosen on those
-        costs, so it takes the wider width's drafts itself; what pads is a prompt lookup's short continuation or a
-        probe's few drafts."""
+    def _padded(self, draft: Draft, table: CostTable, width, nodes: int = 0) -> Draft:
+        """`draft`, its verify padded to the cheapest wider width measured (:meth:`CostTable.cheaper_wider`) up to
+        the widest verify (a block, or a tree of `nodes`): the costs it was chosen on already count it at that width's
+        cost. A drafter chain's count is chosen on those costs, so it takes the wider width's drafts itself; what pads
+        is a prompt lookup's short continuation, a probe's few drafts, or a tree's budget."""
         if not draft.count or draft.scored_only:
             return draft
         own = width(draft.count + 1)
-        rows = table.cheaper_wider(own, most=width(self.most + 1))
+        rows = table.cheaper_wider(own, most=width(max(nodes, self.most) + 1))
         return draft if rows == own else draft._replace(rows=rows)
 
     def _plain_step_or_probe(self, best: "_Weighed", batch: int) -> Draft:
@@ -369,9 +369,7 @@ class CostAwarePolicy:
             speed = (1.0 + scale * mass) / table.verify_seconds(width(b + 1))
             if speed > best_speed:
                 best, best_speed = b, speed
-        own = width(best + 1)
-        rows = table.cheaper_wider(own, most=width(max(nodes, self.most) + 1))
-        return Draft(best, rows=0 if rows == own else rows)
+        return self._padded(Draft(best), table, width, nodes)
 
     def observe_tree(self, expected: float, accepted: int) -> None:
         """One tree verification: the drafter expected `expected` accepted drafts (its path probabilities summed), the

@@ -348,7 +348,7 @@ class TreeVerifier:
             tree.add_branch(prompt_lookup(history, branch, self.options.lookup_ngram))
         n = len(tree)
         width = gemm_friendly_rows(n, device, most=free)
-        if n <= budget.rows and (free is None or budget.rows <= free):  # measured cheaper than n rows
+        if free is None or budget.rows <= free:  # a wider verify measured cheaper (an n-gram branch may outgrow it)
             width = max(width, budget.rows)
         ids = torch.cat([tree.tokens, tree.tokens[:1].expand(width - n)])[None]
         depths = torch.tensor(tree.depths + [0] * (width - n), device=ids.device)
