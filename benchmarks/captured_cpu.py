@@ -22,6 +22,7 @@ from transformers import CompileConfig
 from hf_dflash.data.chat import chat_input_ids
 from hf_dflash.evaluation.demo import default_prompts
 from hf_dflash.models import load_drafter, load_target
+from hf_dflash.stats_dflash import DFlashStats
 
 METHODS = ("plain eager", "plain compiled", "ours eager", "ours captured")
 
@@ -43,7 +44,7 @@ def method_kwargs(method: str, drafter) -> dict:
     }[method]
 
 
-def timed(target, drafter, ids, method: str, max_new_tokens: int) -> tuple[float, list[int], object]:
+def timed(target, drafter, ids, method: str, max_new_tokens: int) -> tuple[float, list[int], DFlashStats | None]:
     """(seconds, new tokens, ours' DFlashStats of the call or None)."""
     start = time.perf_counter()
     with torch.inference_mode():
@@ -53,7 +54,7 @@ def timed(target, drafter, ids, method: str, max_new_tokens: int) -> tuple[float
     return seconds, out[0, ids.shape[1]:].tolist(), drafter.last_stats if method.startswith("ours") else None
 
 
-def cycle_split(calls: list) -> tuple[float, float]:
+def cycle_split(calls: list[DFlashStats]) -> tuple[float, float]:
     """(drafter ms per drafter run, target ms per cycle: verify or plain step) over ours' timed calls; a graph compiled
     inside the timed passes counts in its forward's share (the header prints those seconds apart)."""
     drafter_runs = sum(s.drafted_verifications for s in calls)
