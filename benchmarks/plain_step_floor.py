@@ -5,11 +5,18 @@ Side by side, in one process, on SmolLM2-135M-Instruct (fp32) and the shipped dr
 `--repeats` interleaved runs, each method's seconds over plain's): plain ``generate()``; our loop forced to plain
 steps (the policy still runs, its choice is discarded: the loop's own floor); the default policy; the default without
 prompt lookups; on request (``--methods``), the default with every verify run at its own width (``ours_unpadded``: not
-padded to a wider width the policy measured cheaper). Outputs must be identical.
+padded to a wider width the policy measured cheaper); the default with prompt lookups matching n-grams of up to 3 or 4
+tokens (``ours_ngram3``, ``ours_ngram4``: ``max_matching_ngram_size``; the default matches up to 2); the default with
+the cost table's far end forgotten as before 2026-12-07 (``ours_far_end_forgotten``: once the widest verify measured
+is forgotten, wider verifies are priced as the widest one left). Each method
+keeps its own policy memory (what the policy learns carries over between calls, as it would for a user of that
+setting), and its own cost tables (measured in its own cycles). Outputs must be identical.
 
     python benchmarks/plain_step_floor.py --threads 1 --datasets gsm8k,mtbench
     python benchmarks/plain_step_floor.py --threads 1 --datasets code_edit,aime2025 \
         --methods plain,ours_default,ours_unpadded
+    python benchmarks/plain_step_floor.py --threads 1 --datasets summarize,doc_qa \
+        --methods plain,ours_default,ours_ngram3,ours_ngram4
 """
 
 import argparse
@@ -23,7 +30,8 @@ from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_drafter, load_target
 from hf_dflash.schedules_dflash import Draft
 
-METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup", "ours_unpadded")
+METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup", "ours_unpadded", "ours_ngram3", "ours_ngram4",
+           "ours_far_end_forgotten")
 
 
 def plain_steps_only(choose):
@@ -40,6 +48,8 @@ def timed(target, drafter, ids: torch.Tensor, method: str, max_new_tokens: int) 
         kwargs["assistant_model"] = drafter
     if method == "ours_no_lookup":
         kwargs["dflash_lookup"] = False
+    if method.startswith("ours_ngram"):
+        kwargs["max_matching_ngram_size"] = int(method.removeprefix("ours_ngram"))
     start = time.perf_counter()
     with torch.inference_mode():
         out = target.generate(ids, **kwargs)
@@ -60,19 +70,26 @@ def main() -> None:
     target, tokenizer = load_target(None, device="cpu", dtype=torch.float32)
     drafter = load_drafter(None, target)
     choose, cheaper_wider = policy_dflash.CostAwarePolicy.choose, costs_dflash.CostTable.cheaper_wider
+    points = costs_dflash.CostTable._points
+    memories, tables = {method: {} for method in methods}, {method: {} for method in methods}
 
     def run(ids, method):
+        policy_dflash._POLICY_MEMORY[drafter] = memories[method]
+        costs_dflash._COST_TABLES[target] = tables[method]
         forced = method == "ours_plain_steps"
         policy_dflash.CostAwarePolicy.choose = plain_steps_only(choose) if forced else choose
         unpadded = method == "ours_unpadded"
         costs_dflash.CostTable.cheaper_wider = (lambda self, width, most: width) if unpadded else cheaper_wider
+        forgotten = method == "ours_far_end_forgotten"
+        costs_dflash.CostTable._points = (lambda self: list(self.verify.items())) if forgotten else points
         return timed(target, drafter, ids, method, args.max_new_tokens)
 
     print("| dataset | prompt | " + " | ".join(f"{m} / plain" for m in methods) + " | identical |")
     print("|---" * (len(methods) + 3) + "|")
     for dataset in args.datasets.split(","):
         prompts = [chat_input_ids(tokenizer, p) for p in load_eval_prompts(dataset, args.limit, tokenizer)]
-        run(prompts[0], "plain"), run(prompts[0], "ours_default")  # warm-up
+        for method in methods:  # warm-up: every method's policy has seen a call before the timed ones
+            run(prompts[0], method)
         for i, ids in enumerate(prompts):
             best, tokens = dict.fromkeys(methods, float("inf")), {}
             for repeat in range(args.repeats):

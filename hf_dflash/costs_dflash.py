@@ -22,7 +22,9 @@ class CostTable:
     luckiest cycle), t(1) at its least sample (see :attr:`verify`). ``age(width)``
     counts the verify observations since that width was last measured (the policy refreshes a stale t(1)). A width not
     measured lately is forgotten, estimated from its neighbours until the policy chooses it again: after 16
-    observations when one sample backs it (it may have met a spike), 64 after two, ``FORGET`` after more.
+    observations when one sample backs it (it may have met a spike), 64 after two, ``FORGET`` after more. The widest
+    width measured is kept as its ratio to t(1) (``far_end``): forgotten, it is priced in today's t(1) at the square
+    root of that ratio (see :meth:`_points`).
 
     Example:
         >>> table = CostTable()
@@ -40,6 +42,11 @@ class CostTable:
         self.observations = 0
         self.last_observed: dict[int, int] = {}
         self._envelope: tuple[int, list[tuple[int, float]]] = (-1, [])  # (observations, envelope) of the last ask
+        # (the widest width measured, its cost over t(1)) when last measured: the far end of the curve, which the
+        # policy re-measures only while drafting. Without it, once forgotten, every verify wider than the widest width
+        # left was priced as that one, often t(1) itself: after 16 plain steps a 10-token prompt lookup that held
+        # 1 time in 20 looked as cheap as a plain step, and was verified (SmolLM2-135M on MT-Bench, AMD EPYC).
+        self.far_end: tuple[int, float] | None = None
 
     @property
     def verify(self) -> dict[int, float]:
@@ -60,6 +67,9 @@ class CostTable:
         self.verify_samples.setdefault(width, collections.deque(maxlen=self.WINDOW)).append(seconds)
         self.last_observed[width] = self.observations
         self.observations += 1
+        widest, one_row = max(self.verify_samples), self.verify.get(1)
+        if widest > 1 and one_row and width in (1, widest) and (width == widest or self.far_end is None):
+            self.far_end = (widest, statistics.median_low(self.verify_samples[widest]) / one_row)
 
     def observe_draft(self, seconds: float) -> None:
         self.draft_samples.append(seconds)
@@ -126,7 +136,7 @@ class CostTable:
         """
         # the policy asks ~30 widths per cycle; the envelope changes only with a new observation
         if self._envelope[0] != self.observations:
-            self._envelope = (self.observations, _monotone_envelope(list(self.verify.items())))
+            self._envelope = (self.observations, _monotone_envelope(self._points()))
         points = self._envelope[1]
         if len(points) == 1:
             return points[0][1]
@@ -136,6 +146,20 @@ class CostTable:
         right = next((i for i, (x, _) in enumerate(points) if x >= width), len(points) - 1)
         (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
         return max(1e-9, y0 + (width - x0) * (y1 - y0) / (x1 - x0))
+
+    def _points(self) -> list[tuple[int, float]]:
+        """The (width, seconds) the curve goes through: the widths measured lately and, where the widest measured was
+        forgotten, that far end at t(1) x sqrt(its ratio to t(1) when measured), never below a cost measured lately.
+
+        Kept whole, a ratio measured during a load spike (a lone sample) priced full blocks out until the policy
+        happened to re-measure one; dropped, wide verifies were priced as the widest width left. Shrunk in log space
+        halfway towards 1, it stays optimistic enough that a drafter which pays is tried again (and re-measured) and
+        dear enough that what rarely holds is not verified; below a cost measured lately it would pull that
+        measurement down (the curve never falls with width)."""
+        costs = self.verify
+        if self.far_end and 1 in costs and self.far_end[0] > max(costs):
+            costs[self.far_end[0]] = max(math.sqrt(self.far_end[1]) * costs[1], max(costs.values()))
+        return list(costs.items())
 
 
 def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float]]:

@@ -254,6 +254,42 @@ def test_interpolated_verify_costs():
     assert table.verify_seconds(5) == pytest.approx(2.0) and table.verify_seconds(17) == pytest.approx(5.0)
 
 
+def a_call_after_plain_steps(first_block: float = 0.150, plain: float = 0.060, steps: int = 20) -> CostTable:
+    """A call's costs after its first full block (measured before any plain step) and `steps` plain steps: long
+    enough that the block's lone sample is forgotten (16 observations)."""
+    table = CostTable()
+    table.observe_verify(16, first_block)
+    for _ in range(steps):
+        table.observe_verify(1, plain)
+    return table
+
+
+def test_a_forgotten_far_end_is_not_priced_as_a_plain_step():
+    """Once the call's one full block was forgotten, every wider verify was priced as a plain step (the widest width
+    left): an 11-row verify 'cost' t(1). The far end is kept as its ratio to t(1), shrunk towards 1 while it is not
+    re-measured (a lone sample may have met a spike; a spiked ratio kept whole stopped the drafter for good), and never
+    below a width measured lately (it does not pull measured costs down)."""
+    table = a_call_after_plain_steps()
+    assert 16 not in table.verify  # forgotten
+    assert table.verify_seconds(11) > 1.3 * table.verify_seconds(1)
+    assert table.verify_seconds(16) == pytest.approx(0.060 * (0.150 / 0.060) ** 0.5)
+    table.observe_verify(3, 0.130)  # measured lately, dearer than the shrunk far end: kept as measured
+    assert table.verify_seconds(3) == pytest.approx(0.130) and table.verify_seconds(16) == pytest.approx(0.130)
+    table.observe_verify(16, 0.140)  # re-measured: the far end is what it costs again
+    assert table.verify_seconds(16) == pytest.approx(0.140)
+
+
+def test_lookups_that_rarely_hold_are_not_verified_once_the_full_block_is_forgotten(monkeypatch):
+    """SmolLM2-135M on MT-Bench, one thread of an AMD EPYC: after 16 plain steps the call's full block was forgotten,
+    and 10-token prompt lookups that held 1 time in 20 were verified at 2.3 plain steps each (the policy priced them at
+    one). With the far end kept, such a lookup loses to a plain step."""
+    policy, table = policy_with(monkeypatch, {}, draft=0.020, rate=0.1), a_call_after_plain_steps()
+    table.observe_draft(0.020)
+    install_cost_table(monkeypatch, policy.target, table)
+    policy.lookup_reached[1], policy.lookup_accepted[1] = [7.0] + [0.0] * 9, [0.0] * 10  # 7 offers, none held
+    assert [policy.choose(1, "cpu", lookup_length=10, lookup_size=1).count for _ in range(3)] == [0, 0, 0]
+
+
 @pytest.mark.parametrize("kind", DRAFTER_KINDS)
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_default_policy_is_lossless(arch, kind, monkeypatch):
