@@ -23,7 +23,8 @@ OFFER = 10
 
 
 def offer(history: list[int], max_ngram: int, latest: bool) -> tuple[list[int], int]:
-    """(the continuation on offer after `history`, the n-gram size that found it; ([], 0): none)."""
+    """(the continuation on offer after `history`, the n-gram size that found it; ([], 0): none): with `latest` False
+    exactly ``lookup_dflash.prompt_lookup_match`` (the loop's), on lists, with the latest occurrence as a variant."""
     for size in range(min(max_ngram, len(history) - 1), 0, -1):
         tail = history[-size:]
         starts = [s + size for s in range(len(history) - size) if history[s : s + size] == tail]

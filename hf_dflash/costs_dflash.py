@@ -67,9 +67,13 @@ class CostTable:
         self.verify_samples.setdefault(width, collections.deque(maxlen=self.WINDOW)).append(seconds)
         self.last_observed[width] = self.observations
         self.observations += 1
-        widest, one_row = max(self.verify_samples), self.verify.get(1)
-        if widest > 1 and one_row and width in (1, widest) and (width == widest or self.far_end is None):
-            self.far_end = (widest, statistics.median_low(self.verify_samples[widest]) / one_row)
+        # the far end's ratio is taken when the widest width is measured, or at the first t(1) after it (a call
+        # measures its full block first); plain steps otherwise leave it, and the verify costs, alone
+        widest = max(self.verify_samples)
+        if widest > 1 and (width == widest or (width == 1 and self.far_end is None)):
+            one_row = self.verify.get(1)
+            if one_row:
+                self.far_end = (widest, statistics.median_low(self.verify_samples[widest]) / one_row)
 
     def observe_draft(self, seconds: float) -> None:
         self.draft_samples.append(seconds)
