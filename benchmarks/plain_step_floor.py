@@ -8,15 +8,20 @@ prompt lookups; on request (``--methods``), the default with every verify run at
 padded to a wider width the policy measured cheaper); the default with prompt lookups matching n-grams of up to 3 or 4
 tokens (``ours_ngram3``, ``ours_ngram4``: ``max_matching_ngram_size``; the default matches up to 2); the default with
 the cost table's far end forgotten as before 2026-12-07 (``ours_far_end_forgotten``: once the widest verify measured
-is forgotten, wider verifies are priced as the widest one left). Each method
-keeps its own policy memory (what the policy learns carries over between calls, as it would for a user of that
-setting), and its own cost tables (measured in its own cycles). Outputs must be identical.
+is forgotten, wider verifies are priced as the widest one left); the default with a width not measured lately priced on
+the straight line between its measured neighbours, as before 2026-12-07 (``ours_chord``; the default prices it on a
+line in the logarithm of the width, as a CPU's verify costs grow). Each method keeps its own policy memory (what the
+policy learns carries over between calls, as it would for a user of that setting), and its own cost tables (measured
+in its own cycles); with ``--fresh``, every call starts from none (a process that makes one call). Outputs must be
+identical.
 
     python benchmarks/plain_step_floor.py --threads 1 --datasets gsm8k,mtbench
     python benchmarks/plain_step_floor.py --threads 1 --datasets code_edit,aime2025 \
         --methods plain,ours_default,ours_unpadded
     python benchmarks/plain_step_floor.py --threads 1 --datasets summarize,doc_qa \
         --methods plain,ours_default,ours_ngram3,ours_ngram4
+    python benchmarks/plain_step_floor.py --threads 1 --datasets mtbench,gsm8k --fresh \
+        --methods plain,ours_default,ours_chord
 """
 
 import argparse
@@ -31,7 +36,7 @@ from hf_dflash.models import load_drafter, load_target
 from hf_dflash.schedules_dflash import Draft
 
 METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup", "ours_unpadded", "ours_ngram3", "ours_ngram4",
-           "ours_far_end_forgotten")
+           "ours_far_end_forgotten", "ours_chord")
 
 
 def plain_steps_only(choose):
@@ -63,6 +68,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fresh", action="store_true", help="every call starts without policy memory or costs")
     parser.add_argument("--methods", default=",".join(METHODS[:4]), help=f"comma list of {','.join(METHODS)}")
     args = parser.parse_args()
     methods = tuple(dict.fromkeys(["plain", *args.methods.split(",")]))
@@ -70,18 +76,21 @@ def main() -> None:
     target, tokenizer = load_target(None, device="cpu", dtype=torch.float32)
     drafter = load_drafter(None, target)
     choose, cheaper_wider = policy_dflash.CostAwarePolicy.choose, costs_dflash.CostTable.cheaper_wider
-    points = costs_dflash.CostTable._points
+    points, verify_seconds = costs_dflash.CostTable._points, costs_dflash.CostTable.verify_seconds
     memories, tables = {method: {} for method in methods}, {method: {} for method in methods}
 
     def run(ids, method):
-        policy_dflash._POLICY_MEMORY[drafter] = memories[method]
-        costs_dflash._COST_TABLES[target] = tables[method]
+        policy_dflash._POLICY_MEMORY[drafter] = {} if args.fresh else memories[method]
+        costs_dflash._COST_TABLES[target] = {} if args.fresh else tables[method]
         forced = method == "ours_plain_steps"
         policy_dflash.CostAwarePolicy.choose = plain_steps_only(choose) if forced else choose
         unpadded = method == "ours_unpadded"
         costs_dflash.CostTable.cheaper_wider = (lambda self, width, most: width) if unpadded else cheaper_wider
         forgotten = method == "ours_far_end_forgotten"
         costs_dflash.CostTable._points = (lambda self: list(self.verify.items())) if forgotten else points
+        chord = method == "ours_chord"
+        costs_dflash.CostTable.verify_seconds = (lambda self, width, optimistic=False: verify_seconds(
+            self, width, optimistic=True)) if chord else verify_seconds
         return timed(target, drafter, ids, method, args.max_new_tokens)
 
     print("| dataset | prompt | " + " | ".join(f"{m} / plain" for m in methods) + " | identical |")

@@ -47,14 +47,11 @@ def policy_memory(drafter) -> dict:
 
 class _Weighed(NamedTuple):
     """The cost-aware policy's weighing of one cycle: the best `draft` of either source and its expected tokens per
-    second on doubted rates (`speed`), a plain step's (`plain_speed`), and the drafter's best count on its estimated
-    rates with their speed (`hopeful_drafts`, `hopeful_speed`)."""
+    second on doubted rates (`speed`), and a plain step's (`plain_speed`)."""
 
     draft: Draft
     speed: float
     plain_speed: float
-    hopeful_drafts: int
-    hopeful_speed: float
 
 
 class CostAwarePolicy:
@@ -268,7 +265,7 @@ class CostAwarePolicy:
         best = self._best_chain(table, width, lookup_length, lookup_size)
         if best.speed > best.plain_speed:
             return self._padded(self._draft(best.draft, table, width), table, width)
-        return self._padded(self._plain_step_or_probe(best, batch), table, width)
+        return self._padded(self._plain_step_or_probe(best.plain_speed, table, width, batch), table, width)
 
     def _measure_first(self, table: CostTable, width) -> Draft | None:
         """A call starts with a full block: the drafter's cost, a wide verify and the acceptance at every depth (once:
@@ -285,14 +282,22 @@ class CostAwarePolicy:
         it beats a plain step on rates lowered by their doubt (:attr:`DOUBT`)."""
         seconds = {False: lambda k: table.draft + table.verify_seconds(width(k + 1)),  # the drafter's chain
                    True: lambda k: table.verify_seconds(width(k + 1))}  # a lookup's: no drafter forward
-        drafts, hopeful = best_draft_count(self.acceptance_rates(), seconds[False])
+        drafts, _ = best_draft_count(self.acceptance_rates(), seconds[False])
         draft, speed = Draft(drafts), chain_speed(self.acceptance_rates(self.DOUBT), drafts, seconds[False])
         if lookup_length:
             k, _ = best_draft_count(self.lookup_rates(lookup_size, lookup_length), seconds[True])
             lookup_speed = chain_speed(self.lookup_rates(lookup_size, lookup_length, self.DOUBT), k, seconds[True])
             if lookup_speed > speed:
                 draft, speed = Draft(k, from_lookup=True), lookup_speed
-        return _Weighed(draft, speed, 1.0 / table.verify_seconds(1), drafts, hopeful)
+        return _Weighed(draft, speed, 1.0 / table.verify_seconds(1))
+
+    def _hopeful(self, table: CostTable, width) -> tuple[int, float]:
+        """The drafter's best count and its expected tokens per second on its estimated rates (no doubt) and the chord
+        between measured widths (:meth:`CostTable.verify_seconds` ``optimistic``): a width not measured lately may
+        cost less than the concave estimate says, and a probe measures it (a full block that met a load spike priced
+        every width near it out of the choice for good)."""
+        return best_draft_count(self.acceptance_rates(),
+                                lambda k: table.draft + table.verify_seconds(width(k + 1), optimistic=True))
 
     def _draft(self, draft: Draft, table: CostTable, width) -> Draft:
         """Drafting pays: the drafter's probing starts over when it is the drafter that pays (a lookup that wins says
@@ -316,23 +321,25 @@ class CostAwarePolicy:
         rows = table.cheaper_wider(own, most=width(max(nodes, self.most) + 1))
         return draft if rows == own else draft._replace(rows=rows)
 
-    def _plain_step_or_probe(self, best: "_Weighed", batch: int) -> Draft:
+    def _plain_step_or_probe(self, plain_speed: float, table: CostTable, width, batch: int) -> Draft:
         """A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). A probe
         accepted in full is followed at once by one twice as deep. Where the estimated rates say the drafter pays and
-        only their doubt says not, a probe every :attr:`PROMISING_PROBE` steps with the count they favour; else after a
+        only their doubt (or a width's concave estimate: :meth:`_hopeful`) says not, a probe every
+        :attr:`PROMISING_PROBE` steps with the count they favour; else after a
         backoff doubling from 4 to 64 plain steps, with the fewest drafts that tell (:attr:`PROBE_DRAFTS`); where the
         policy can score a backoff probe (greedy, batch size 1), it proposes the whole block and verifies none of it
         (a promising probe is a bet expected to pay, so it is verified)."""
         if self.follow_up:
             drafts, self.follow_up = self.follow_up, 0
             return self._probe(drafts)
-        promising = best.hopeful_speed > best.plain_speed
+        hopeful_drafts, hopeful_speed = self._hopeful(table, width)
+        promising = hopeful_speed > plain_speed
         self.plain_streak += 1
         if self.plain_streak < (self.PROMISING_PROBE if promising else self.probe_after):
             return Draft(0)
         self.plain_streak = 0
         if promising:
-            return self._probe(max(best.hopeful_drafts, self.PROBE_DRAFTS))
+            return self._probe(max(hopeful_drafts, self.PROBE_DRAFTS))
         self.probe_after = min(64, 2 * self.probe_after)
         if self.scored_probes and batch == 1:  # the whole block for one drafter forward: no verify row added
             return Draft(self.most, scored_only=True)

@@ -248,10 +248,26 @@ def test_the_loop_verifies_as_many_rows_as_the_policy_pads_to(monkeypatch):
 
 
 def test_interpolated_verify_costs():
+    """Between measured widths on a line in the logarithm of the width (the chord when optimistic), past the widest
+    along the last segment."""
     table = CostTable()
     table.observe_verify(1, 1.0)
     table.observe_verify(9, 3.0)
-    assert table.verify_seconds(5) == pytest.approx(2.0) and table.verify_seconds(17) == pytest.approx(5.0)
+    assert table.verify_seconds(3) == pytest.approx(2.0)
+    assert table.verify_seconds(3, optimistic=True) == pytest.approx(1.5)
+    assert table.verify_seconds(17) == pytest.approx(5.0) == table.verify_seconds(17, optimistic=True)
+
+
+def test_a_one_draft_lookup_is_not_priced_on_the_chord_of_a_concave_cost_curve(monkeypatch):
+    """SmolLM2-135M on MT-Bench, one thread of an AMD EPYC: a call had measured t(1) and t(16) = 2.9 t(1); 2 rows,
+    never measured, were priced on the chord between them (1.13 t(1)) where they cost 1.8 t(1), so 1-draft prompt
+    lookups holding 1 time in 4 were verified, each at ~0.6 plain steps lost. Priced on the logarithm of the width
+    (1.48 t(1)), they lose to a plain step; one holding 3 times in 4 still wins."""
+    policy = policy_with(monkeypatch, {16: 0.163, 1: 0.056}, draft=0.0012, rate=0.05)
+    policy.lookup_reached[2], policy.lookup_accepted[2] = [8.0], [2.0]  # 8 offers of one draft, 2 held
+    assert [policy.choose(1, "cpu", lookup_length=1, lookup_size=2).count for _ in range(3)] == [0, 0, 0]
+    policy.lookup_accepted[2] = [6.0]
+    assert policy.choose(1, "cpu", lookup_length=1, lookup_size=2) == Draft(1, from_lookup=True)
 
 
 def a_call_after_plain_steps(first_block: float = 0.150, plain: float = 0.060, steps: int = 20) -> CostTable:
