@@ -12,8 +12,9 @@ is forgotten, wider verifies are priced as the widest one left); the default wit
 the straight line between its measured neighbours, as before 2026-12-07 (``ours_chord``; the default prices it on a
 line in the logarithm of the width, as a CPU's verify costs grow). Each method keeps its own policy memory (what the
 policy learns carries over between calls, as it would for a user of that setting), and its own cost tables (measured
-in its own cycles); with ``--fresh``, every call starts from none (a process that makes one call). Outputs must be
-identical.
+in its own cycles); with ``--fresh``, every call starts from none (a process that makes one call); the default
+probing its drafter up to the call's last tokens, as before 2026-12-07 (``ours_probes_to_the_end``; the default skips
+a probe when fewer tokens are left than the plain steps it waited for). Outputs must be identical.
 
     python benchmarks/plain_step_floor.py --threads 1 --datasets gsm8k,mtbench
     python benchmarks/plain_step_floor.py --threads 1 --datasets code_edit,aime2025 \
@@ -25,6 +26,7 @@ identical.
 """
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -36,7 +38,7 @@ from hf_dflash.models import load_drafter, load_target
 from hf_dflash.schedules_dflash import Draft
 
 METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup", "ours_unpadded", "ours_ngram3", "ours_ngram4",
-           "ours_far_end_forgotten", "ours_chord")
+           "ours_far_end_forgotten", "ours_chord", "ours_probes_to_the_end")
 
 
 def plain_steps_only(choose):
@@ -77,6 +79,7 @@ def main() -> None:
     drafter = load_drafter(None, target)
     choose, cheaper_wider = policy_dflash.CostAwarePolicy.choose, costs_dflash.CostTable.cheaper_wider
     points, verify_seconds = costs_dflash.CostTable._points, costs_dflash.CostTable.verify_seconds
+    cost_aware = policy_dflash.POLICIES["cost"]
     memories, tables = {method: {} for method in methods}, {method: {} for method in methods}
 
     def run(ids, method):
@@ -88,6 +91,10 @@ def main() -> None:
         costs_dflash.CostTable.cheaper_wider = (lambda self, width, most: width) if unpadded else cheaper_wider
         forgotten = method == "ours_far_end_forgotten"
         costs_dflash.CostTable._points = (lambda self: list(self.verify.items())) if forgotten else points
+        policy_dflash.POLICIES["cost"] = cost_aware
+        if method == "ours_probes_to_the_end":  # the call's length unknown to the policy
+            policy_dflash.POLICIES["cost"] = lambda options, *rest: cost_aware(
+                dataclasses.replace(options, max_length=None), *rest)
         chord = method == "ours_chord"
         costs_dflash.CostTable.verify_seconds = (lambda self, width, optimistic=False: verify_seconds(
             self, width, optimistic=True)) if chord else verify_seconds

@@ -118,8 +118,9 @@ class CostAwarePolicy:
                   "lookup_accepted", "tree_expected", "tree_accepted")
 
     def __init__(self, target, most: int, memory: dict | None = None, captured: tuple[int, ...] = (),
-                 scored_probes: bool = True):
+                 scored_probes: bool = True, max_length: int | None = None):
         self.target, self.most = target, most
+        self.max_length = max_length  # the call's limit on the text's length (None: none): probes it cannot use
         self.scored_probes = scored_probes  # greedy calls: probes are scored against the text, not verified
         self.captured = captured  # the widths the call's verify forward is captured at (none: eager)
         self.reached = [0.0] * most
@@ -337,9 +338,12 @@ class CostAwarePolicy:
         self.plain_streak += 1
         if self.plain_streak < (self.PROMISING_PROBE if promising else self.probe_after):
             return Draft(0)
-        self.plain_streak = 0
         if promising:
+            self.plain_streak = 0
             return self._probe(max(hopeful_drafts, self.PROBE_DRAFTS))
+        if self.max_length is not None and self.max_length - self.context < self.probe_after:
+            return Draft(0)  # the call ends before as many tokens as this probe waited for: its answer would idle
+        self.plain_streak = 0
         self.probe_after = min(64, 2 * self.probe_after)
         if self.scored_probes and batch == 1:  # the whole block for one drafter forward: no verify row added
             return Draft(self.most, scored_only=True)
@@ -390,7 +394,8 @@ class CostAwarePolicy:
 # the call's policy, by name: options.policy -> the policy of a call (its options, target, drafter, most drafts)
 POLICIES = {
     "cost": lambda options, target, drafter, most, captured: CostAwarePolicy(
-        target, most, policy_memory(drafter), captured, scored_probes=not options.do_sample),
+        target, most, policy_memory(drafter), captured, scored_probes=not options.do_sample,
+        max_length=options.max_length),
     "full": lambda options, target, drafter, most, captured: FullBlocks(most),
     "heuristic": lambda options, target, drafter, most, captured: HeuristicSchedule(most,
                                                                                     drafter.config.block_size - 1),

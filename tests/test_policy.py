@@ -75,6 +75,20 @@ def test_a_greedy_call_scores_its_probes_instead_of_verifying_them(monkeypatch):
     assert probes and all(not d.scored_only and d.count == CostAwarePolicy.PROBE_DRAFTS for d in probes)
 
 
+def test_a_probe_whose_answer_the_call_has_no_tokens_left_to_use_is_skipped(monkeypatch):
+    """SmolLM2-135M on MT-Bench, 64-token answers: each call probed its weak drafter after 8, 16 and 32 plain steps,
+    the last with 8 tokens left (a scored probe cost 0.3-0.9 plain steps there, the drafter reading the text since it
+    last ran). A backoff probe is skipped when fewer tokens are left than the plain steps it waited for."""
+    def probes(max_length, start):
+        policy = policy_with(monkeypatch, {1: 0.010, 16: 0.020}, draft=0.005, rate=0.1, scored_probes=True)
+        policy.max_length = max_length
+        return [i for i in range(40) if policy.choose(1, "cpu", context=start + i).count]
+
+    assert probes(None, 0) == probes(1000, 0) == [3, 11, 27]  # after 4, then 8, then 16 plain steps
+    assert probes(40, 0) == [3, 11]  # at the 28th, 12 tokens would be left after waiting 16
+    assert probes(10, 0) == [3]
+
+
 def test_a_scored_probe_counts_as_one_verification_of_what_the_target_committed():
     policy = CostAwarePolicy(None, most=4)
     policy.observe_acceptance(4, [4])  # one verification before: all four depths reached and accepted

@@ -17,11 +17,13 @@ count).
 
 import collections
 import random
+import unittest.mock
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from hf_dflash import costs_dflash
 from hf_dflash.policy_dflash import CostAwarePolicy, Draft
 from hf_dflash.timing_dflash import gemm_friendly_rows
 
@@ -138,7 +140,7 @@ def policy_speed(noise, rate: float, target=None, seed: int = 0, machine: Machin
     """Tokens per simulated second of one generate() call under the policy (`memory`: the drafter's, from earlier
     calls; `scored_probes`: a greedy call's, else a sampled call's verified probes; `lookup`: the text's lookups)."""
     policy = CostAwarePolicy(target if target is not None else FakeTarget(), MOST, memory=memory,
-                             scored_probes=scored_probes)
+                             scored_probes=scored_probes, max_length=total)
     text = torch.zeros(total + MOST + 1, dtype=torch.long)  # the text so far: text[:tokens]
 
     def observe(choice, width, verify, draft, accepted, tokens):  # what generate() feeds it after each cycle
@@ -151,9 +153,11 @@ def policy_speed(noise, rate: float, target=None, seed: int = 0, machine: Machin
 
     def choose(tokens, offer):  # earlier offers scored against the text so far, then the choice
         policy.observe_offers(text[:tokens], offer, 2)
-        return policy.choose(1, CPU, len(offer), 2)
+        return policy.choose(1, CPU, len(offer), 2, context=tokens)
 
-    return simulate(choose, observe, noise, rate, seed, machine, total, lookup)
+    # the simulated machine's costs do not grow with the text: one cost table, whatever its length
+    with unittest.mock.patch.object(costs_dflash, "context_bucket", lambda tokens: 0):
+        return simulate(choose, observe, noise, rate, seed, machine, total, lookup)
 
 
 def fixed_speeds(noise, rate: float, seed: int = 0, machine: Machine = Machine(), total: int = TOKENS) -> list[float]:

@@ -685,7 +685,7 @@ def test_sampled_trees_with_chosen_budgets_follow_the_target_distribution(sampli
     table where drafting pays but wide verifies cost more: never wall-clock), so the cycles are trees whose budget
     really varies, and sampled output follows the target's law."""
     table = CostTable()
-    for width, seconds in {1: 0.010, 2: 0.0102, 4: 0.0106, 8: 0.0125, 16: 0.02}.items():
+    for width, seconds in {1: 0.010, 2: 0.0102, 4: 0.0106, 5: 0.01107, 6: 0.01155, 7: 0.01202, 8: 0.0125}.items():
         table.observe_verify(width, seconds)
     table.observe_draft(0.0005)
     install_cost_table(monkeypatch, sampling_target, table)
