@@ -6,6 +6,7 @@ with the target (weakly keyed) and refined by every ``generate()`` call of the p
 Part of the remote-code payload: imports only the standard library.
 """
 
+import bisect
 import collections
 import math
 import statistics
@@ -41,7 +42,8 @@ class CostTable:
         self.draft_samples: collections.deque = collections.deque(maxlen=self.WINDOW)
         self.observations = 0
         self.last_observed: dict[int, int] = {}
-        self._envelope: tuple[int, list[tuple[int, float]]] = (-1, [])  # (observations, envelope) of the last ask
+        # (observations, envelope, its widths) of the last ask
+        self._envelope: tuple[int, list[tuple[int, float]], list[int]] = (-1, [], [])
         # (the widest width measured, its cost over t(1)) when last measured: the far end of the curve, which the
         # policy re-measures only while drafting. Without it, once forgotten, every verify wider than the widest width
         # left was priced as that one, often t(1) itself: after 16 plain steps a 10-token prompt lookup that held
@@ -144,14 +146,15 @@ class CostTable:
         """
         # the policy asks ~30 widths per cycle; the envelope changes only with a new observation
         if self._envelope[0] != self.observations:
-            self._envelope = (self.observations, _monotone_envelope(self._points()))
-        points = self._envelope[1]
+            points = _monotone_envelope(self._points())
+            self._envelope = (self.observations, points, [x for x, _ in points])
+        _, points, widths = self._envelope
         if len(points) == 1:
             return points[0][1]
         if not points:
             return None
         # the segment whose right end is the first width above `width` (the last segment past the end)
-        right = next((i for i, (x, _) in enumerate(points) if x >= width), len(points) - 1)
+        right = min(bisect.bisect_left(widths, width), len(points) - 1)
         (x0, y0), (x1, y1) = points[max(0, right - 1)], points[max(1, right)]
         if x0 < width < x1 and not optimistic:
             return y0 + (y1 - y0) * math.log(width / x0) / math.log(x1 / x0)

@@ -281,8 +281,9 @@ class CostAwarePolicy:
     def _best_chain(self, table: CostTable, width, lookup_length: int, lookup_size: int) -> "_Weighed":
         """The best draft of either source against a plain step: the count is chosen on the estimated rates, whether
         it beats a plain step on rates lowered by their doubt (:attr:`DOUBT`)."""
-        seconds = {False: lambda k: table.draft + table.verify_seconds(width(k + 1)),  # the drafter's chain
-                   True: lambda k: table.verify_seconds(width(k + 1))}  # a lookup's: no drafter forward
+        verify, draft_seconds = verify_costs(table, width, max(self.most, lookup_length)), table.draft
+        seconds = {False: lambda k: draft_seconds + verify[k],  # the drafter's chain
+                   True: verify.__getitem__}  # a lookup's: no drafter forward
         drafts, _ = best_draft_count(self.acceptance_rates(), seconds[False])
         draft, speed = Draft(drafts), chain_speed(self.acceptance_rates(self.DOUBT), drafts, seconds[False])
         if lookup_length:
@@ -297,8 +298,8 @@ class CostAwarePolicy:
         between measured widths (:meth:`CostTable.verify_seconds` ``optimistic``): a width not measured lately may
         cost less than the concave estimate says, and a probe measures it (a full block that met a load spike priced
         every width near it out of the choice for good)."""
-        return best_draft_count(self.acceptance_rates(),
-                                lambda k: table.draft + table.verify_seconds(width(k + 1), optimistic=True))
+        verify, draft_seconds = verify_costs(table, width, self.most, optimistic=True), table.draft
+        return best_draft_count(self.acceptance_rates(), lambda k: draft_seconds + verify[k])
 
     def _draft(self, draft: Draft, table: CostTable, width) -> Draft:
         """Drafting pays: the drafter's probing starts over when it is the drafter that pays (a lookup that wins says
@@ -388,6 +389,12 @@ class CostAwarePolicy:
         self.tree_expected = 0.97 * self.tree_expected + expected
         self.tree_accepted = 0.97 * self.tree_accepted + accepted
         self.observe_acceptance(self.most, [accepted])
+
+
+def verify_costs(table: CostTable, width, most: int, optimistic: bool = False) -> list[float]:
+    """[seconds of the verify of k drafts (``width(k + 1)`` rows) for k = 0..`most`]: what a cycle's choice weighs,
+    asked once per width (the chains of both sources read each one several times)."""
+    return [table.verify_seconds(width(k + 1), optimistic) for k in range(most + 1)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
