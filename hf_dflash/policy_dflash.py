@@ -327,10 +327,10 @@ class CostAwarePolicy:
         """A plain step, probing the drafter now and then (lookups need none: their offers are scored anyway). A probe
         accepted in full is followed at once by one twice as deep. Where the estimated rates say the drafter pays and
         only their doubt (or a width's concave estimate: :meth:`_hopeful`) says not, a probe every
-        :attr:`PROMISING_PROBE` steps with the count they favour; else after a
-        backoff doubling from 4 to 64 plain steps, with the fewest drafts that tell (:attr:`PROBE_DRAFTS`); where the
-        policy can score a backoff probe (greedy, batch size 1), it proposes the whole block and verifies none of it
-        (a promising probe is a bet expected to pay, so it is verified)."""
+        :attr:`PROMISING_PROBE` steps with the count they favour; else after a backoff doubling from 4 to 64 plain
+        steps, with the fewest drafts that tell (:attr:`PROBE_DRAFTS`), unless the call has fewer tokens left than
+        the steps waited; where the policy can score a backoff probe (greedy, batch size 1), it proposes the whole
+        block and verifies none of it (a promising probe is a bet expected to pay, so it is verified)."""
         if self.follow_up:
             drafts, self.follow_up = self.follow_up, 0
             return self._probe(drafts)

@@ -166,7 +166,7 @@ def fixed_speeds(noise, rate, seed: int = 0, machine: Machine = Machine(), total
             for k in range(MOST + 1)]
 
 
-def fixed_lookup_speeds(noise, rate: float, lookup: Lookup, fixed: list[float], seed: int = 0,
+def fixed_lookup_speeds(noise, rate, lookup: Lookup, fixed: list[float], seed: int = 0,
                         machine: Machine = Machine()) -> list[float]:
     """Tokens per simulated second of a lookup's first k drafts whenever one is on offer, for every k (k = 0: never),
     else a plain step, and else the best fixed drafter count (`fixed`: :func:`fixed_speeds` of the same case)."""
