@@ -14,7 +14,9 @@ line in the logarithm of the width, as a CPU's verify costs grow). Each method k
 policy learns carries over between calls, as it would for a user of that setting), and its own cost tables (measured
 in its own cycles); with ``--fresh``, every call starts from none (a process that makes one call); the default
 probing its drafter up to the call's last tokens, as before 2026-12-07 (``ours_probes_to_the_end``; the default skips
-a probe when fewer tokens are left than the plain steps it waited for). Outputs must be identical.
+a probe when fewer tokens are left than the plain steps it waited for); the default asking for a full block to measure
+a new length of context (or refresh the cost curve's far end) even where the call's end cuts the block, as before
+2026-12-07 (``ours_cut_blocks``: every cycle to the end was such a block). Outputs must be identical.
 
     python benchmarks/plain_step_floor.py --threads 1 --datasets gsm8k,mtbench
     python benchmarks/plain_step_floor.py --threads 1 --datasets code_edit,aime2025 \
@@ -23,6 +25,8 @@ a probe when fewer tokens are left than the plain steps it waited for). Outputs 
         --methods plain,ours_default,ours_ngram3,ours_ngram4
     python benchmarks/plain_step_floor.py --threads 1 --datasets mtbench,gsm8k --fresh \
         --methods plain,ours_default,ours_chord
+    python benchmarks/plain_step_floor.py --threads 1 --datasets context_2k --limit 2 \
+        --methods plain,ours_default,ours_cut_blocks
 """
 
 import argparse
@@ -38,7 +42,7 @@ from hf_dflash.models import load_drafter, load_target
 from hf_dflash.schedules_dflash import Draft
 
 METHODS = ("plain", "ours_plain_steps", "ours_default", "ours_no_lookup", "ours_unpadded", "ours_ngram3", "ours_ngram4",
-           "ours_far_end_forgotten", "ours_chord", "ours_probes_to_the_end")
+           "ours_far_end_forgotten", "ours_chord", "ours_probes_to_the_end", "ours_cut_blocks")
 
 
 def plain_steps_only(choose):
@@ -78,6 +82,7 @@ def main() -> None:
     target, tokenizer = load_target(None, device="cpu", dtype=torch.float32)
     drafter = load_drafter(None, target)
     choose, cheaper_wider = policy_dflash.CostAwarePolicy.choose, costs_dflash.CostTable.cheaper_wider
+    fitting = policy_dflash.CostAwarePolicy._fitting
     points, verify_seconds = costs_dflash.CostTable._points, costs_dflash.CostTable.verify_seconds
     cost_aware = policy_dflash.POLICIES["cost"]
     memories, tables = {method: {} for method in methods}, {method: {} for method in methods}
@@ -95,6 +100,7 @@ def main() -> None:
         if method == "ours_probes_to_the_end":  # the call's length unknown to the policy
             policy_dflash.POLICIES["cost"] = lambda options, *rest: cost_aware(
                 dataclasses.replace(options, max_length=None), *rest)
+        policy_dflash.CostAwarePolicy._fitting = (lambda self: self.most) if method == "ours_cut_blocks" else fitting
         chord = method == "ours_chord"
         costs_dflash.CostTable.verify_seconds = (lambda self, width, optimistic=False: verify_seconds(
             self, width, optimistic=True)) if chord else verify_seconds

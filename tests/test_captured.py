@@ -4,8 +4,9 @@ widths over a static cache, hf_dflash/capture_dflash.py) are lossless exactly as
 plain ``generate``, with drafters good and bad, on every path the default policy takes. Compiles are counted and a
 recompile is a warning; the paths that stay eager say so and stay lossless; bad switches raise before any work.
 
-One test compiles with inductor (the backend users get: ~10 s a graph for these tiny models on one thread); the
-others use the "aot_eager" backend through transformers' CompileConfig (the same capture by dynamo, without code
+One test compiles with inductor (the backend users get: ~10 s a graph for these tiny models on one thread, 85 s in
+all on a slow 2-core VM: it runs in the slow tier, which .ci/run runs after the fast suite); the others use the
+"aot_eager" backend through transformers' CompileConfig (the same capture by dynamo, without code
 generation), so the fast suite stays fast. On CUDA (tests/test_devices.py's tier) the graphs are replayed.
 """
 
@@ -45,6 +46,7 @@ def qwen3():
     return target, make_drafter(target, block_size=8)
 
 
+@pytest.mark.slow
 def test_captured_verify_is_lossless_with_inductor(qwen3):
     target, drafter = qwen3
     compiled = []

@@ -89,6 +89,40 @@ def test_a_probe_whose_answer_the_call_has_no_tokens_left_to_use_is_skipped(monk
     assert probes(10, 0) == [3]
 
 
+def test_a_new_length_of_context_near_the_calls_end_is_measured_once_with_what_fits(monkeypatch):
+    """SmolLM2-135M on 2K-token documents, 64-token answers: the text entered a new length of context (2,048 tokens,
+    a cost table of its own) 16 tokens before the call's end, and the policy asked for a full block to measure it
+    every cycle to the end: each block was cut to the drafts that fit, so the full width was never measured (0.93x of
+    plain). Now it measures the widest verify that fits, once, then a plain step; and near the end a stale far end
+    is not refreshed by blocks the call cannot verify whole."""
+    def blocks(max_length, start, cycles):
+        policy = policy_with(monkeypatch, {}, draft=0.005, rate=0.1, scored_probes=True)
+        install_cost_table(monkeypatch, policy.target, CostTable())  # a new length of context: nothing measured
+        policy.max_length, chosen = max_length, []
+        for context in range(start, start + cycles):
+            draft = policy.choose(1, "cpu", context=context)
+            fits = min(draft.count, max_length - context - 1)  # what the drafter proposes
+            rows = hf_dflash.timing_dflash.verify_rows(fits + 1, device=torch.device("cpu"), batch=1)
+            policy.observe_costs(1, "cpu", rows, 0.010 * (1 + rows / 16), 0.005 if fits else None)
+            chosen.append(draft.count if fits and not draft.scored_only else 0)
+        return chosen
+
+    assert blocks(64, 48, 12)[:2] == [15, 0]  # the whole block fits: measured, then one plain step
+    cut = blocks(64, 58, 5)  # 5 drafts fit (6 rows: a width no CPU pads)
+    assert cut[:2] == [15, 0] and cut.count(15) == 1, cut  # measured once, with what fits
+
+    # drafting pays (short chains: a wide verify is dear) and the far end of the cost curve is stale: within 8 rows
+    # of the call's end (no CPU pads that few) no full block is asked for that the call cannot verify whole
+    policy = policy_with(monkeypatch, {1: 0.010, 2: 0.0105, 16: 0.05}, draft=0.001, rate=0.6, scored_probes=True)
+    policy.max_length, table = 100, policy.table(1, "cpu")
+    for width in (1, 2, 16, 1, 2, 16):  # three samples each: stale after 36 observations, forgotten after 256
+        table.observe_verify(width, table.verify_samples[width][0])
+    for _ in range(40):
+        table.observe_verify(1, 0.010)
+    assert table.stale(16, CostAwarePolicy.REFRESH) and 16 in table.verify
+    assert [policy.choose(1, "cpu", context=context).count < policy.most for context in range(93, 97)] == [True] * 4
+
+
 def test_a_scored_probe_counts_as_one_verification_of_what_the_target_committed():
     policy = CostAwarePolicy(None, most=4)
     policy.observe_acceptance(4, [4])  # one verification before: all four depths reached and accepted
