@@ -280,12 +280,18 @@ def static_slots_needed(max_length: int | None, batch: int, block_size: int) -> 
 
 def static_serves(target) -> bool:
     """Whether a static cache can serve `target` with a DFlash drafter (:func:`check_static_cache` passes)."""
+    return static_refusal(target) is None
+
+
+def static_refusal(target) -> str | None:
+    """Why a static cache cannot serve `target` with a DFlash drafter here (:func:`check_static_cache`'s reason,
+    without its fix), None when it can."""
     try:
         check_static_cache(cache_utils.StaticCache(config=target.config.get_text_config(decoder=True),
                                                    max_cache_len=1), None)
-    except ValueError:
-        return False
-    return True
+    except ValueError as error:
+        return str(error).split(";")[0]
+    return None
 
 
 def check_static_cache(cache, needed: int | None) -> None:

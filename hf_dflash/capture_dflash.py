@@ -32,7 +32,7 @@ from torch import nn
 from transformers import StaticCache
 from transformers.utils import logging
 
-from .cache_dflash import cache_argument, cache_capacity
+from .cache_dflash import cache_argument, cache_capacity, static_refusal
 from .options_dflash import DFlashCallOptions
 from .timing_dflash import captured_widths
 
@@ -72,8 +72,9 @@ def compile_settings(options: DFlashCallOptions, device: torch.device) -> dict:
     return {**DEFAULT_SETTINGS, "mode": mode}
 
 
-def eager_reason(batch: int, trees: bool, recurrent: bool, cache) -> str | None:
-    """Why a call that asked for captured forwards runs its verify eagerly (None: it is captured)."""
+def eager_reason(batch: int, trees: bool, recurrent: bool, cache, target=None) -> str | None:
+    """Why a call that asked for captured forwards runs its verify eagerly (None: it is captured); a dynamic cache
+    says why no static one was made for `target` where one cannot serve it (transformers 5.23, sliding windows)."""
     if batch > 1:
         return f"a batch of {batch} (its padding mask grows every cycle)"
     if trees:
@@ -81,7 +82,8 @@ def eager_reason(batch: int, trees: bool, recurrent: bool, cache) -> str | None:
     if recurrent:
         return "a target with recurrent layers (their states are saved and restored around a verify)"
     if cache_capacity(cache) is None:
-        return "a dynamic cache"
+        refusal = None if target is None else static_refusal(target)
+        return "a dynamic cache" + ("" if refusal is None else f" ({refusal})")
     return None
 
 

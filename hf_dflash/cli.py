@@ -26,7 +26,7 @@ from transformers.utils import logging
 
 from .data.regenerate import RegenerationArguments, regenerate
 from .evaluation.batch import run_batch_benchmark
-from .evaluation.bench import DEFAULT_PRESET, METHODS, PRESETS, all_identical, run_benchmark
+from .evaluation.bench import DEFAULT_PRESET, METHODS, PRESETS, Sampling, all_identical, run_benchmark
 from .evaluation.demo import demo_dtype, demo_exit_code, run_demo, summary_line
 from .evaluation.prompts import ALL_DATASETS, check_dataset_names, load_eval_prompts
 from .evaluation.report import batch_markdown, markdown_report, save_plot
@@ -168,7 +168,8 @@ def add_bench_parser(subparsers) -> None:
         description="DFlash against plain decoding and the other lossless accelerators, side by side: every method\n"
         "runs on every prompt in one process (interleaved), outputs are checked against plain generate, and tau,\n"
         "tokens/s, speedup (end to end), TTFT, TPOT and its speedup, and DFlash's per-cycle costs are reported.\n"
-        "Exit code 1 when any output differs. Presets (--preset; --datasets and --max-new-tokens override them):\n"
+        "Exit code 1 when any output differs (greedy; --temperature samples instead: timed, not compared).\n"
+        "Presets (--preset; --datasets and --max-new-tokens override them):\n"
         + "\n".join(f"  {name}: {', '.join(p.datasets)}, {p.max_new_tokens} tokens ({p.summary})"
                     for name, p in PRESETS.items()),
     )
@@ -184,6 +185,11 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--methods", type=comma_list, default=",".join(METHODS),
                         help=f"comma list of {','.join(METHODS)}; plain always runs")
     parser.add_argument("--early-exit-layer", type=int, default=None, help="default: a third of the target's depth")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy, every output checked against plain generate's; above 0: sampled (with "
+                        "--top-p), every method of a prompt seeded alike from --seed, timed side by side, not compared")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's top_p (with --temperature)")
+    parser.add_argument("--seed", type=int, default=0, help="the first seed of sampled runs")
     parser.add_argument("--json", default=None,
                         help="write the report as JSON to this file; until then each finished prompt is kept in "
                         "FILE.progress.jsonl, and rerunning the same command after a kill resumes from it")
@@ -228,11 +234,15 @@ def bench_command(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list(METHODS)}.")
     check_dataset_names(args.datasets)
+    sampling = Sampling(args.temperature, args.top_p, args.seed)  # bad values raise before any model loads
     with_drafter = bool(args.batch_sizes) or any("dflash" in m for m in args.methods)
     args.dtype = demo_dtype(args.target, args.dtype)  # the offline SmolLM2 in float32 on a GPU too, as the demo
     target, tokenizer, drafter, _ = load_models_from_args(args, with_drafter)
     prompts = {name: load_eval_prompts(name, args.limit, tokenizer) for name in args.datasets}
     if args.batch_sizes:
+        if not sampling.greedy:
+            raise ValueError("--temperature applies to the method comparison; --batch-sizes decodes greedily (drop "
+                             "one of them).")
         sizes = [int(b) for b in args.batch_sizes]
         pool = [p for texts in prompts.values() for p in texts]
         rows = run_batch_benchmark(target, tokenizer, drafter, pool, sizes, args.max_new_tokens)
@@ -241,7 +251,7 @@ def bench_command(args: argparse.Namespace) -> int:
     progress = Path(args.json + ".progress.jsonl") if args.json else None
     report = run_benchmark(
         target, tokenizer, drafter, prompts, args.methods, args.max_new_tokens, args.early_exit_layer,
-        repeats=args.repeats, progress=progress,
+        repeats=args.repeats, progress=progress, sampling=sampling,
     )
     write_outputs(args, report, markdown_report(report))
     if progress is not None:

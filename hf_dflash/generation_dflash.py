@@ -285,7 +285,7 @@ def captured_verify(target, drafter, options: DFlashCallOptions, cache, batch: i
     runs eager: not asked for, or asked for where it cannot run (logged, with why)."""
     if not capture_requested(options, target.device):
         return None
-    reason = eager_reason(batch, options.tree_budget is not None, recurrent, cache)
+    reason = eager_reason(batch, options.tree_budget is not None, recurrent, cache, target)
     if reason is not None:
         logger.warning(f"hf_dflash: captured forwards were asked for, but this call's verify runs eagerly: "
                        f"{reason}.")

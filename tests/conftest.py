@@ -28,6 +28,7 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from transformers.cache_utils import StaticLayer
 from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
@@ -47,6 +48,9 @@ settings.register_profile("explore", deadline=None, suppress_health_check=[Healt
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))  # "explore": fresh random examples
 
 VOCAB = 96
+# transformers 5.23's static layers cannot be cropped back: a static cache (and so captured forwards) is refused there
+STATIC_CROPS = hasattr(StaticLayer, "crop")
+needs_static_crop = pytest.mark.skipif(not STATIC_CROPS, reason="transformers 5.23: static layers have no crop")
 LIBRARY_DEFAULT_POLICY = hf_dflash.options_dflash.DEFAULT_POLICY
 
 

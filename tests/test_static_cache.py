@@ -25,6 +25,7 @@ from conftest import (
     left_padded,
     make_drafter,
     make_prompt,
+    needs_static_crop,
     new_tokens,
     per_row_scripts,
     row_new_tokens,
@@ -36,9 +37,6 @@ from hf_dflash import generation_dflash
 from hf_dflash.cache_dflash import cache_argument, compact_slots
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 
-# transformers 5.23's static layers cannot be cropped back: a static cache is refused there (tested below)
-STATIC_CROPS = hasattr(StaticLayer, "crop")
-needs_static_crop = pytest.mark.skipif(not STATIC_CROPS, reason="transformers 5.23: static layers have no crop")
 # cache_implementation: the dynamic cache (transformers' default), and the static one
 CACHES = (None, pytest.param("static", marks=needs_static_crop))
 NEW = 30

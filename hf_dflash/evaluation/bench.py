@@ -1,8 +1,8 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """``hf-dflash bench``: DFlash against plain decoding and the other lossless accelerators, side by side.
 
-Methods (all greedy, same ``max_new_tokens``, run interleaved per prompt in one process so that a busy machine
-slows them alike; the order rotates from prompt to prompt):
+Methods (greedy unless ``sampling`` says otherwise, same ``max_new_tokens``, run interleaved per prompt in one process
+so that a busy machine slows them alike; the order rotates from prompt to prompt):
 
 - ``plain``: ``target.generate(ids)``, the reference every other output must equal token for token;
 - ``pld``: prompt lookup decoding (``prompt_lookup_num_tokens=10``);
@@ -33,6 +33,7 @@ Example:
     $ hf-dflash bench --datasets gsm8k,humaneval --limit 5 --max-new-tokens 128 --json bench.json --plot bench.png
     $ hf-dflash bench --threads 1 --limit 5 --max-new-tokens 64 --repeats 2   # each method's faster of 2 runs
     $ hf-dflash bench --preset long-documents --json long.json   # context_2k/4k/8k, 256-token answers (see PRESETS)
+    $ hf-dflash bench --temperature 0.7 --top-p 0.9 --limit 5    # sampled: timed side by side, not compared
 """
 
 import os
@@ -44,7 +45,8 @@ from transformers.utils import logging
 
 from ..data.chat import chat_input_ids
 from .machine import OtherLoad, load_average, run_stamp
-from .methods import METHODS, ForwardCounter, Run, default_early_exit_layer, first_difference, timed_generation
+from .methods import (GREEDY, METHODS, ForwardCounter, Run, Sampling, default_early_exit_layer, first_difference,
+                      timed_generation)
 from .progress import BenchProgress
 from .prompts import CONTEXT_LENGTHS, DATASETS
 from .summaries import (PromptResult, all_identical, bench_config, bench_report, cycle_costs,
@@ -53,8 +55,8 @@ from .summaries import (PromptResult, all_identical, bench_config, bench_report,
 logger = logging.get_logger(__name__)
 
 # what callers outside the package import from here (cli, benchmarks/, tests), beside run_benchmark
-__all__ = ["DEFAULT_PRESET", "METHODS", "PRESETS", "BenchPreset", "BenchProgress", "ForwardCounter", "Run",
-           "all_identical", "cycle_costs", "first_difference", "run_benchmark", "timed_generation"]
+__all__ = ["DEFAULT_PRESET", "GREEDY", "METHODS", "PRESETS", "BenchPreset", "BenchProgress", "ForwardCounter", "Run",
+           "Sampling", "all_identical", "cycle_costs", "first_difference", "run_benchmark", "timed_generation"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ PRESETS: dict[str, BenchPreset] = {
 # the benchmark: run, check, summarise
 def run_benchmark(target, tokenizer, drafter, prompts: dict[str, list[str]], methods: list[str] = METHODS,
                   max_new_tokens: int = DEFAULT_PRESET.max_new_tokens, early_exit_layer: int | None = None,
-                  warmup: bool = True, repeats: int = 1, progress: str | os.PathLike | None = None) -> dict:
+                  warmup: bool = True, repeats: int = 1, progress: str | os.PathLike | None = None,
+                  sampling: Sampling = GREEDY) -> dict:
     """Run every method on every prompt (interleaved, rotating order) and return the JSON-ready report.
 
     Args:
@@ -90,6 +93,8 @@ def run_benchmark(target, tokenizer, drafter, prompts: dict[str, list[str]], met
             moves by ~10% on a shared machine; a load spike only ever slows a run).
         progress: a JSON-lines file that records each finished prompt round; a rerun with the same file and
             settings skips what it holds (see :class:`BenchProgress`).
+        sampling: greedy (every output checked against plain's), or sampled (:class:`Sampling`: every method of a
+            prompt round seeded alike; timed, not compared: the tests prove the law).
 
     Returns:
         ``{"config": ..., "results": {dataset or "overall": {method: {"tau", "tokens_per_s", "speedup",
@@ -109,11 +114,11 @@ def run_benchmark(target, tokenizer, drafter, prompts: dict[str, list[str]], met
     early_exit_layer = early_exit_layer or default_early_exit_layer(target)
     other_load, load_before = OtherLoad(), load_average()
     encoded = {name: [chat_input_ids(tokenizer, p, target.device) for p in texts] for name, texts in prompts.items()}
-    config = bench_config(target, drafter, encoded, methods, max_new_tokens, repeats, early_exit_layer)
+    config = bench_config(target, drafter, encoded, methods, max_new_tokens, repeats, early_exit_layer, sampling)
     journal = None if progress is None else BenchProgress(progress, config)  # other settings: refused before any run
 
     results = timed_results(target, drafter, encoded, methods, max_new_tokens, early_exit_layer, warmup, repeats,
-                            journal)
+                            journal, sampling)
     for difference in differences_from_plain(results, methods):
         logger.warning(difference)
     machine = {**run_stamp(target.device, load_before), "other_load_cores": other_load.cores()}
@@ -121,8 +126,8 @@ def run_benchmark(target, tokenizer, drafter, prompts: dict[str, list[str]], met
 
 
 def timed_results(target, drafter, encoded: dict[str, list[torch.Tensor]], methods: list[str], max_new_tokens: int,
-                  early_exit_layer: int, warmup: bool, repeats: int, journal: BenchProgress | None
-                  ) -> list[PromptResult]:
+                  early_exit_layer: int, warmup: bool, repeats: int, journal: BenchProgress | None,
+                  sampling: Sampling = GREEDY) -> list[PromptResult]:
     """Step 1, run: every method on every prompt, `repeats` rounds, each method's faster run kept (dataset by
     dataset, in order). A prompt round that `journal` holds is read back instead of run; a new one is recorded there
     before the next starts.
@@ -136,11 +141,13 @@ def timed_results(target, drafter, encoded: dict[str, list[torch.Tensor]], metho
         if warmup and any(encoded.values()):
             first = next(ids for batch in encoded.values() for ids in batch)
             for method in methods:  # first calls pay for lazy initialisation
-                timed_generation(target, first, min(8, max_new_tokens), method, drafter, early_exit_layer, counter)
+                timed_generation(target, first, min(8, max_new_tokens), method, drafter, early_exit_layer, counter,
+                                 sampling, sampling.seed)
         results: list[PromptResult] = []
         with tqdm(total=repeats * sum(len(batch) for batch in encoded.values()), desc="bench", unit="prompt") as bar:
             for name, batch in encoded.items():
-                dataset = [PromptResult(name, index, ids.shape[1]) for index, ids in enumerate(batch)]
+                dataset = [PromptResult(name, index, ids.shape[1], sampled=not sampling.greedy)
+                           for index, ids in enumerate(batch)]
                 for round_ in range(repeats):
                     for result, ids in zip(dataset, batch):
                         bar.set_postfix_str(f"{name} #{result.index}" + (f" round {round_ + 1}" if repeats > 1 else ""))
@@ -148,8 +155,9 @@ def timed_results(target, drafter, encoded: dict[str, list[torch.Tensor]], metho
                         runs = None if journal is None else journal.done.get(key)
                         if runs is None:
                             shift = (len(results) + result.index + round_) % len(methods)
+                            seed = sampling.seed + 1000 * (len(results) + result.index) + round_  # alike per round
                             runs = {method: timed_generation(target, ids, max_new_tokens, method, drafter,
-                                                             early_exit_layer, counter)
+                                                             early_exit_layer, counter, sampling, seed)
                                     for method in methods[shift:] + methods[:shift]}
                             if journal is not None:
                                 journal.record(key, runs)

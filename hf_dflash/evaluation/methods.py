@@ -38,6 +38,39 @@ METHOD_LABELS = {
 PROMPT_LOOKUP_TOKENS = 10
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How the bench decodes: greedily (``temperature`` 0, the default: every output must equal plain's, token for
+    token) or by sampling at ``temperature`` and ``top_p``, each prompt's calls seeded alike from ``seed`` (sampled
+    outputs differ from method to method as two draws do: their law is what the tests prove; the bench times them).
+
+    Example:
+        >>> Sampling().generate_kwargs(), Sampling(0.7, top_p=0.9).generate_kwargs()
+        ({'do_sample': False}, {'do_sample': True, 'temperature': 0.7, 'top_p': 0.9})
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"Sampling needs temperature >= 0 (0: greedy) and 0 < top_p <= 1; got temperature="
+                             f"{self.temperature}, top_p={self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generate_kwargs(self) -> dict:
+        if self.greedy:
+            return {"do_sample": False}
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
+
+
+GREEDY = Sampling()
+
+
 @dataclass
 class Run:
     """One ``generate`` call: the new tokens, wall-clock seconds, target forwards and (ours) the drafter stats."""
@@ -168,8 +201,11 @@ def timed_generation(
     drafter=None,
     early_exit_layer: int | None = None,
     counter: ForwardCounter | None = None,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
 ) -> Run:
-    """Greedy ``generate`` with one method; returns the new tokens, the time taken and the counted forwards.
+    """``generate`` with one method, greedy or as `sampling` says (torch seeded with `seed` first); returns the new
+    tokens, the time taken and the counted forwards.
 
     Example:
         >>> run = timed_generation(target, ids, 64, "dflash", drafter)  # doctest: +SKIP
@@ -180,13 +216,15 @@ def timed_generation(
     context = builtin_generation() if method == "builtin_dflash" else contextlib.nullcontext()
     if counter is not None:
         counter.reset()
+    if not sampling.greedy:
+        torch.manual_seed(seed)
     start = synchronized_clock(input_ids.device)
     with context, torch.inference_mode():
         output = target.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
-            do_sample=False,
+            **sampling.generate_kwargs(),
             pad_token_id=pad_token_id(target),
             **kwargs,
         )

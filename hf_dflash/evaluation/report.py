@@ -34,6 +34,24 @@ def machine_line(machine: dict | None) -> list[str]:
             f"before, {load.get('after')} after; other processes kept {machine.get('other_load_cores')} cores busy."]
 
 
+def decoding(config: dict) -> str:
+    """How the run decoded, for the report's first line.
+
+    Example:
+        >>> decoding({}), decoding({"sampling": {"temperature": 0.7, "top_p": 0.9, "seed": 0}})
+        ('greedy', 'sampled (temperature 0.7, top_p 0.9, seed 0)')
+    """
+    sampling = config.get("sampling")
+    if not sampling:
+        return "greedy"
+    return f"sampled (temperature {sampling['temperature']}, top_p {sampling['top_p']}, seed {sampling['seed']})"
+
+
+def identity_cell(identical: bool | None) -> str:
+    """``yes``, ``**NO**``, or ``sampled`` (draws: nothing to compare token for token)."""
+    return "sampled" if identical is None else "yes" if identical else "**NO**"
+
+
 def markdown_report(report: dict) -> str:
     """The report as Markdown tables: methods side by side, then DFlash's per-cycle costs and acceptance.
 
@@ -43,7 +61,7 @@ def markdown_report(report: dict) -> str:
     config, results = report["config"], report["results"]
     lines = [
         f"Target `{config['target']}`, drafter `{config['drafter']}` (block {config['block_size']}), "
-        f"{config['device']}/{config['dtype']}, {config['threads']} threads, greedy, max_new_tokens="
+        f"{config['device']}/{config['dtype']}, {config['threads']} threads, {decoding(config)}, max_new_tokens="
         f"{config['max_new_tokens']}, prompts per dataset: {config['datasets']}.",
         *machine_line(report.get("machine")),
         "",
@@ -57,7 +75,7 @@ def markdown_report(report: dict) -> str:
                 f"| {name} | {METHOD_LABELS[method]} | {_fmt(entry['tau'])} | {_fmt(entry['tokens_per_s'], '.1f')} | "
                 f"{_fmt(entry['speedup'])}x | {_fmt(entry.get('ttft_ms'), '.1f')} | "
                 f"{_fmt(entry.get('tpot_ms'), '.1f')} | {_fmt(entry.get('tpot_speedup'))}x | "
-                f"{'yes' if entry['identical'] else '**NO**'} |"
+                f"{identity_cell(entry['identical'])} |"
             )
     costs = {name: m["dflash"] for name, m in results.items() if "dflash" in m and "cycles" in m["dflash"]}
     if costs:

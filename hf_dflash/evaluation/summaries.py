@@ -4,6 +4,7 @@ the JSON-ready report: per-method figures (tau, tokens/s, speedups, TTFT and TPO
 they allow) for each dataset and overall, each prompt's record and the run's settings.
 """
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
@@ -12,7 +13,7 @@ import torch
 from ..models import portable_name
 from ..stats_dflash import DFlashStats
 from .acceptance import acceptance_histogram, pooled_acceptance_by_position
-from .methods import PROMPT_LOOKUP_TOKENS, Run, first_difference
+from .methods import GREEDY, PROMPT_LOOKUP_TOKENS, Run, Sampling, first_difference
 from .prompts import DATASET_LICENSES
 
 
@@ -25,16 +26,20 @@ class PromptResult:
     prompt_tokens: int
     runs: dict[str, Run] = field(default_factory=dict)
     unstable: set[str] = field(default_factory=set)  # methods whose repeated runs gave different tokens
+    sampled: bool = False  # outputs are draws: nothing to compare token for token
 
     def keep_faster(self, method: str, run: Run) -> None:
-        """Keep `run` of `method` if it is the first or faster; repeated runs must give the same tokens (greedy)."""
+        """Keep `run` of `method` if it is the first or faster; repeated greedy runs must give the same tokens."""
         previous = self.runs.get(method)
-        if previous is not None and previous.new_tokens != run.new_tokens:
+        if previous is not None and previous.new_tokens != run.new_tokens and not self.sampled:
             self.unstable.add(method)
         if previous is None or run.seconds < previous.seconds:
             self.runs[method] = run
 
-    def identical(self, method: str) -> bool:
+    def identical(self, method: str) -> bool | None:
+        """Whether `method` gave plain's tokens (and repeated runs agreed); None for sampled outputs."""
+        if self.sampled:
+            return None
         return not {method, "plain"} & self.unstable and self.runs[method].new_tokens == self.runs["plain"].new_tokens
 
     def speedup(self, method: str) -> float:
@@ -94,7 +99,7 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
             "tokens_per_s": statistics.median(run.tokens_per_second for run in runs),
             "speedup": statistics.median(r.speedup(method) for r in results) if results else None,
             **serving_times(method, results),
-            "identical": all(r.identical(method) for r in results),
+            "identical": identical_on_all(results, method),
             "prompts": len(results),
             "new_tokens": sum(len(run.new_tokens) for run in runs),
             "seconds": seconds,
@@ -103,6 +108,12 @@ def summary_of(results: list[PromptResult], methods: list[str]) -> dict:
             entry.update(cycle_costs([run.stats for run in runs], t1))
         summary[method] = entry
     return summary
+
+
+def identical_on_all(results: list[PromptResult], method: str) -> bool | None:
+    """Whether `method` gave plain's tokens on every prompt; None when the outputs were sampled."""
+    each = [r.identical(method) for r in results]
+    return None if None in each else all(each)
 
 
 def serving_times(method: str, results: list[PromptResult]) -> dict:
@@ -186,7 +197,7 @@ def differences_from_plain(results: list[PromptResult], methods: list[str]) -> l
     """
     return [f"{method} differs from plain generate on {r.dataset} prompt {r.index}, from new token "
             f"{first_difference(r.runs[method].new_tokens, r.runs['plain'].new_tokens)}."
-            for r in results for method in methods[1:] if not r.identical(method)]
+            for r in results for method in methods[1:] if r.identical(method) is False]
 
 
 def bench_report(machine: dict, config: dict, results: list[PromptResult], methods: list[str]) -> dict:
@@ -222,9 +233,9 @@ def prompt_record(result: PromptResult) -> dict:
 
 
 def bench_config(target, drafter, encoded: dict, methods: list[str], max_new_tokens: int, repeats: int,
-                 early_exit_layer: int) -> dict:
+                 early_exit_layer: int, sampling: Sampling = GREEDY) -> dict:
     """What a bench run asks for (the report's ``config``; a resumed run must ask the same), without this machine's
-    paths."""
+    paths; ``sampling`` only where the run samples."""
     drafter_name = None if drafter is None else getattr(drafter.config, "_name_or_path", "") or "untrained"
     return {
         "target": portable_name(getattr(target.config, "_name_or_path", "") or type(target).__name__),
@@ -240,6 +251,7 @@ def bench_config(target, drafter, encoded: dict, methods: list[str], max_new_tok
         "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
         "datasets": {name: len(batch) for name, batch in encoded.items()},
         "dataset_licenses": {name: DATASET_LICENSES.get(name) for name in encoded},
+        **({} if sampling.greedy else {"sampling": dataclasses.asdict(sampling)}),
     }
 
 
@@ -251,5 +263,6 @@ def cycle_record(run: Run) -> dict:
 
 
 def all_identical(report: dict) -> bool:
-    """True when every method reproduced plain generate exactly on every prompt."""
-    return all(entry["identical"] for per_method in report["results"].values() for entry in per_method.values())
+    """True when no method's output differed from plain generate's (sampled runs have nothing to compare)."""
+    return all(entry["identical"] is not False
+               for per_method in report["results"].values() for entry in per_method.values())

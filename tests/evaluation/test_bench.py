@@ -4,6 +4,7 @@
 import json
 
 import pytest
+import torch
 
 import hf_dflash
 from hf_dflash import models
@@ -177,6 +178,46 @@ def test_repeats_keep_each_methods_faster_run_and_report_unstable_tokens(tiny_fo
     assert report["results"]["gsm8k"]["dflash_default"]["identical"] is True
     assert report["results"]["gsm8k"]["dflash"]["identical"] is False  # its faster run matches; the other did not
     assert report["config"]["repeats"] == 2
+
+
+def test_a_sampled_bench_seeds_each_prompts_methods_alike_and_compares_no_tokens(tiny_folder, monkeypatch):
+    """--temperature: every method of a prompt round draws from the same seed (a rerun draws the same tokens), sampled
+    outputs are timed, never called different from plain's, and the report says how the run decoded."""
+    target, tokenizer = models.load_target(tiny_folder / "target")
+    drafter = models.load_drafter(tiny_folder / "drafter", target)
+    sampling = bench.Sampling(temperature=0.8, top_p=0.9, seed=3)
+    real, seeds = bench.timed_generation, {}
+
+    def recorded(target, ids, max_new_tokens, method, *args):
+        run = real(target, ids, max_new_tokens, method, *args)
+        seeds.setdefault(tuple(ids[0].tolist()), []).append((method, args[-1]))
+        return run
+
+    monkeypatch.setattr(bench, "timed_generation", recorded)
+    report = bench.run_benchmark(target, tokenizer, drafter, {"gsm8k": ["What is 2+3?", "Hi"]},
+                                 methods=["plain", "pld", "dflash_default"], max_new_tokens=12, warmup=False,
+                                 repeats=2, sampling=sampling)
+    per_prompt = list(seeds.values())
+    for calls in per_prompt:  # two rounds of three methods: one seed per round
+        assert len(calls) == 6 and len({seed for _, seed in calls[:3]}) == len({seed for _, seed in calls[3:]}) == 1
+    assert len({seed for calls in per_prompt for _, seed in calls}) == 4  # other prompts and rounds draw anew
+    assert all(entry["identical"] is None for row in report["results"].values() for entry in row.values())
+    assert all(row[method]["identical"] is None for row in report["per_prompt"] for method in ("pld", "dflash_default"))
+    assert bench.all_identical(report) and report["config"]["sampling"] == {"temperature": 0.8, "top_p": 0.9,
+                                                                              "seed": 3}
+    text = markdown_report(report)
+    assert "sampled (temperature 0.8, top_p 0.9, seed 3)" in text and "| sampled |" in text
+    ids = torch.tensor([list(next(iter(seeds)))])
+    draws = [real(target, ids, 12, "plain", None, None, None, sampling, 11).new_tokens for _ in range(2)]
+    assert draws[0] == draws[1]  # seeded: a rerun draws the same tokens
+    assert "sampling" not in bench.run_benchmark(target, tokenizer, drafter, {"gsm8k": ["Hi"]}, methods=["plain"],
+                                                 max_new_tokens=4, warmup=False)["config"]
+
+
+@pytest.mark.parametrize("temperature, top_p", [(-0.5, 1.0), (0.7, 0.0), (0.7, 1.5)])
+def test_bad_sampling_settings_are_refused_naming_them(temperature, top_p):
+    with pytest.raises(ValueError, match=f"temperature={temperature}, top_p={top_p}"):
+        bench.Sampling(temperature, top_p)
 
 
 def test_batch_benchmark_on_a_tiny_model(tiny_folder):
