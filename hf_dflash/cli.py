@@ -235,14 +235,14 @@ def bench_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list(METHODS)}.")
     check_dataset_names(args.datasets)
     sampling = Sampling(args.temperature, args.top_p, args.seed)  # bad values raise before any model loads
+    if args.batch_sizes and not sampling.greedy:
+        raise ValueError("--temperature applies to the method comparison; --batch-sizes decodes greedily (drop one "
+                         "of them).")
     with_drafter = bool(args.batch_sizes) or any("dflash" in m for m in args.methods)
     args.dtype = demo_dtype(args.target, args.dtype)  # the offline SmolLM2 in float32 on a GPU too, as the demo
     target, tokenizer, drafter, _ = load_models_from_args(args, with_drafter)
     prompts = {name: load_eval_prompts(name, args.limit, tokenizer) for name in args.datasets}
     if args.batch_sizes:
-        if not sampling.greedy:
-            raise ValueError("--temperature applies to the method comparison; --batch-sizes decodes greedily (drop "
-                             "one of them).")
         sizes = [int(b) for b in args.batch_sizes]
         pool = [p for texts in prompts.values() for p in texts]
         rows = run_batch_benchmark(target, tokenizer, drafter, pool, sizes, args.max_new_tokens)

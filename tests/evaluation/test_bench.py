@@ -85,6 +85,17 @@ def test_bench_rejects_an_unknown_dataset_before_loading_models(capsys):
     assert "Unknown dataset 'long_docs'; choose from humaneval" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "-1"], "temperature=-1.0, top_p=1.0"),
+    (["--temperature", "0.7", "--batch-sizes", "1,2"], "--batch-sizes decodes greedily"),
+])
+def test_bench_rejects_bad_sampling_flags_before_loading_models(capsys, flags, message):
+    from hf_dflash.cli import main
+
+    assert main(["bench", "--target", "/nonexistent", "--datasets", "gsm8k", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_acceptance_summaries():
     stats = [hf_dflash.DFlashStats(block_size=4, acceptance_lengths=[1, 4]), hf_dflash.DFlashStats(4, [2, 1])]
     assert acceptance.acceptance_histogram(stats) == [2, 1, 0, 1]
