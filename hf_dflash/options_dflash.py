@@ -75,9 +75,19 @@ class DFlashCallOptions:
     output_hidden_states: bool = False
 
     def room(self, length: int) -> int | None:
-        """Drafts that fit after a text of `length` tokens (the anchor included) under `max_length`; None: no limit.
-        The target's token after the drafts needs one place too."""
-        return None if self.max_length is None else self.max_length - length - 1
+        """Drafts that fit after a text of `length` tokens under the call's `max_length` (:func:`drafts_that_fit`)."""
+        return drafts_that_fit(self.max_length, length)
+
+
+def drafts_that_fit(max_length: int | None, length: int) -> int | None:
+    """Drafts that fit after a text of `length` tokens (the anchor included) under `max_length`; None: no limit.
+    The target's token after the drafts needs one place too.
+
+    Example:
+        >>> drafts_that_fit(64, 58), drafts_that_fit(None, 58)
+        (5, None)
+    """
+    return None if max_length is None else max_length - length - 1
 
 
 def call_options(generation_config, resolved: DFlashCallOptions | None = None) -> DFlashCallOptions:

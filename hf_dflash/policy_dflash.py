@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from .costs_dflash import CostTable, cost_table
-from .options_dflash import DFlashCallOptions
+from .options_dflash import DFlashCallOptions, drafts_that_fit
 from .schedules_dflash import Draft, DraftPolicy, FullBlocks, HeuristicSchedule, most_drafts
 from .speed_dflash import best_draft_count, chain_speed, decay, rates_by_depth
 from .timing_dflash import gemm_friendly_rows, verify_rows
@@ -318,10 +318,9 @@ class CostAwarePolicy:
 
     def _fitting(self) -> int:
         """The most drafts this cycle's verify can hold: the block, fewer within a block of the call's `max_length`
-        (the drafter's proposal is cut to what fits: :meth:`DFlashCallOptions.room`)."""
-        if self.max_length is None:
-            return self.most
-        return max(0, min(self.most, self.max_length - self.context - 1))
+        (the drafter's proposal is cut to what fits: :func:`drafts_that_fit`)."""
+        room = drafts_that_fit(self.max_length, self.context)
+        return self.most if room is None else max(0, min(self.most, room))
 
     def _padded(self, draft: Draft, table: CostTable, width, nodes: int = 0) -> Draft:
         """`draft`, its verify padded to the cheapest wider width measured (:meth:`CostTable.cheaper_wider`) up to

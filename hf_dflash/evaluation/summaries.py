@@ -29,9 +29,10 @@ class PromptResult:
     sampled: bool = False  # outputs are draws: nothing to compare token for token
 
     def keep_faster(self, method: str, run: Run) -> None:
-        """Keep `run` of `method` if it is the first or faster; repeated greedy runs must give the same tokens."""
+        """Keep `run` of `method` if it is the first or faster; repeated greedy runs must give the same tokens
+        (:meth:`identical` reads none of it for sampled runs)."""
         previous = self.runs.get(method)
-        if previous is not None and previous.new_tokens != run.new_tokens and not self.sampled:
+        if previous is not None and previous.new_tokens != run.new_tokens:
             self.unstable.add(method)
         if previous is None or run.seconds < previous.seconds:
             self.runs[method] = run
