@@ -4,7 +4,8 @@ the cached context, and peak memory (RSS) of plain generate against generate wit
 
 Costs (one process): for each context length the target prefills a document prompt cut to that many tokens, then a
 verify of k rows is timed on that cache (median of `--repeats`, the cache cut back after each), with the key/value
-heads grouped as the DFlash loop runs it on CPU (``t_k_over_t1``) and as transformers' SDPA does for masked forwards
+heads grouped as the DFlash loop runs it on CPU (``t_k_over_t1``), the same with the few-row matrix kernel DFlash calls
+use on a CPU (``t_k_over_t1_few_row_kernel``, over torch's one-row time: hf_dflash/kernels_cpu.py) and as transformers' SDPA does for masked forwards
 (``t_k_over_t1_transformers_sdpa``: every cached key and value copied per query head); one full-block DFlash generate
 reads the drafter's time per cycle from ``drafter.last_stats``.
 
@@ -21,6 +22,7 @@ Writes JSON with the run's stamp (:func:`hf_dflash.evaluation.machine.run_stamp`
 """
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -36,6 +38,7 @@ from hf_dflash.evaluation.machine import load_average, run_stamp
 from hf_dflash.evaluation.memory import PeakTensorMemory
 from hf_dflash.generation_dflash import grouped_query_attention
 from hf_dflash.evaluation.prompts import load_eval_prompts
+from hf_dflash.kernels_cpu import few_row_kernels
 from hf_dflash.models import load_drafter, load_target
 from hf_dflash.timing_dflash import synchronized_clock
 
@@ -52,21 +55,32 @@ def context_ids(tokenizer, dataset: str) -> torch.Tensor:
         tokenizer, load_eval_prompts(dataset, 1, tokenizer)[0])
 
 
-def verify_seconds(target, ids: torch.Tensor, widths, repeats: int) -> dict[int, float]:
-    """{k: median seconds of a k-row forward on a cache holding `ids`}: one prefill, each verify cut back after it,
-    widths interleaved round by round (a load spike hits them alike)."""
+def verify_seconds(target, ids: torch.Tensor, widths, repeats: int, ways: dict) -> dict[str, dict[int, float]]:
+    """{way: {k: median seconds of a k-row forward on a cache holding `ids`}} for each of `ways` (name -> a context
+    factory the forward runs in): one prefill, each verify cut back after it, ways and widths interleaved round by
+    round (a load spike hits them alike)."""
     cache = DynamicCache(config=target.config)
     kwargs = {cache_argument(target): cache, "use_cache": True}
-    times = {k: [] for k in widths}
+    times = {way: {k: [] for k in widths} for way in ways}
     with torch.inference_mode():
         target(ids, **kwargs)
         for _ in range(repeats):
-            for k in widths:
-                start = synchronized_clock(ids.device)
-                target(ids[:, -k:], **kwargs)
-                times[k].append(synchronized_clock(ids.device) - start)
-                cache.crop(-k)
-    return {k: statistics.median(t) for k, t in times.items()}
+            for way, context in ways.items():
+                with context():
+                    for k in widths:
+                        start = synchronized_clock(ids.device)
+                        target(ids[:, -k:], **kwargs)
+                        times[way][k].append(synchronized_clock(ids.device) - start)
+                        cache.crop(-k)
+    return {way: {k: statistics.median(t) for k, t in by_width.items()} for way, by_width in times.items()}
+
+
+@contextlib.contextmanager
+def as_dflash_runs_it(target, kernel: bool):
+    """The context a DFlash call's target forwards run in on a CPU: grouped key/value heads, and the few-row matrix
+    kernel unless `kernel` is False."""
+    with grouped_query_attention("cpu"), few_row_kernels(target) if kernel else contextlib.nullcontext():
+        yield
 
 
 def drafter_seconds_per_cycle(target, drafter, ids: torch.Tensor, new_tokens: int = 48) -> dict:
@@ -86,14 +100,19 @@ def measure_costs(args) -> dict:
     rows = {}
     for dataset in ["short", *args.contexts]:
         ids = context_ids(tokenizer, dataset)
-        plain_sdpa = verify_seconds(target, ids, WIDTHS, args.repeats)
-        with grouped_query_attention("cpu"):  # as the DFlash loop runs its verifies on CPU
-            grouped = verify_seconds(target, ids, WIDTHS, args.repeats)
+        seconds = verify_seconds(target, ids, WIDTHS, args.repeats, {
+            "transformers_sdpa": contextlib.nullcontext,
+            "grouped": lambda: as_dflash_runs_it(target, kernel=False),
+            "kernel": lambda: as_dflash_runs_it(target, kernel=True),
+        })
+        grouped, plain_sdpa, kernel = seconds["grouped"], seconds["transformers_sdpa"], seconds["kernel"]
         rows[dataset] = {
             "prompt_tokens": ids.shape[1],
             "t1_ms": 1e3 * grouped[1],
             "t_k_over_t1": {k: round(grouped[k] / grouped[1], 3) for k in WIDTHS},
             "t_k_over_t1_transformers_sdpa": {k: round(plain_sdpa[k] / plain_sdpa[1], 3) for k in WIDTHS},
+            # the few-row kernel's k rows over torch's one row (a plain step)
+            "t_k_over_t1_few_row_kernel": {k: round(kernel[k] / grouped[1], 3) for k in WIDTHS},
             **drafter_seconds_per_cycle(target, drafter, ids),
         }
         print(dataset, json.dumps(rows[dataset]), flush=True)

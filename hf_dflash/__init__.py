@@ -22,9 +22,13 @@ from .generation_dflash import (
     is_dflash_drafter,
 )
 from .modeling_dflash import DFlashDraftModel
+from .capture_dflash import use_cpu_kernels
+from .kernels_cpu import few_row_kernels
 from .configuration_dflash2 import DFlash2Config
 from .modeling_dflash2 import DFlash2DraftModel  # also lets DFlashDraftModel.from_pretrained load DFlash2 checkpoints
 
+
+use_cpu_kernels(few_row_kernels)  # DFlash calls on a CPU compute their verifies' few rows with it (kernels_cpu.py)
 
 __version__ = "0.1.0"
 
@@ -41,5 +45,6 @@ __all__ = [
     "dflash_decoding",
     "disable_dflash_generation",
     "enable_dflash_generation",
+    "few_row_kernels",
     "is_dflash_drafter",
 ]

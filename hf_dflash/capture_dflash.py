@@ -24,6 +24,7 @@ computes what the eager one does, so the verify's choices are the target's (test
 Part of the remote-code payload: imports only torch, transformers and sibling modules.
 """
 
+import contextlib
 import time
 import weakref
 
@@ -61,6 +62,28 @@ def capture_requested(options: DFlashCallOptions, device: torch.device) -> bool:
         return options.compile
     everywhere = bool(getattr(options.compile_config, "_compile_all_devices", False))
     return options.compile_config is not None and (everywhere or torch.device(device).type in COMPILING_DEVICES)
+
+
+# the installed package's few-row CPU matrix kernels, a context manager over (target, drafter): set by its
+# ``__init__`` (``hf_dflash.kernels_cpu.few_row_kernels``); a remote-code copy without the package has none
+_CPU_KERNELS = {"context": None}
+
+
+def use_cpu_kernels(context) -> None:
+    """Make `context` (a context manager over ``(target, drafter)``, or None) what DFlash calls on a CPU run in."""
+    _CPU_KERNELS["context"] = context
+
+
+def forward_kernels(target, drafter, options: DFlashCallOptions | None):
+    """The context a DFlash call's forwards run in: on a CPU, the installed package's few-row matrix kernel for the
+    target's and the drafter's linear layers, unless the call turned it off (``dflash_cpu_kernels=False``) or asked
+    for captured forwards (the compiler traces torch's own product); else none."""
+    options = options if options is not None else DFlashCallOptions()
+    context = _CPU_KERNELS["context"]
+    if context is None or target.device.type != "cpu" or not options.cpu_kernels or capture_requested(
+            options, target.device):
+        return contextlib.nullcontext()
+    return context(target, drafter)
 
 
 def compile_settings(options: DFlashCallOptions, device: torch.device) -> dict:

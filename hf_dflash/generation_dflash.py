@@ -51,6 +51,7 @@ from .cache_dflash import (
 from .candidates_dflash import DFlashCandidateGenerator
 from .capture_dflash import (
     CapturedDraft, CapturedVerify, capture_requested, compile_settings, drafter_capturable, eager_reason,
+    forward_kernels,
 )
 from .checks_dflash import check_drafter_matches_target, check_generate_call, is_dflash_drafter
 from .diagnostics_dflash import check_acceptance
@@ -358,7 +359,7 @@ def _routes(original):
                     return original(self, *args, **kwargs)
             finally:
                 _call_options.reset(token)
-        with grouped_query_attention(self.device):
+        with grouped_query_attention(self.device), forward_kernels(self, drafter, _call_options.get()):
             return dflash_decoding(self, *args, **kwargs)
 
     wrapper._hf_dflash_original = original

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 # call by the routing and resolved into DFlashCallOptions for that call.
 TREE_BUDGET_KWARG = "dflash_tree_budget"
 COMPILE_KWARG = "dflash_compile"
-DFLASH_GENERATE_KWARGS = ("dflash_policy", TREE_BUDGET_KWARG, "dflash_lookup", COMPILE_KWARG)
+CPU_KERNELS_KWARG = "dflash_cpu_kernels"
+DFLASH_GENERATE_KWARGS = ("dflash_policy", TREE_BUDGET_KWARG, "dflash_lookup", COMPILE_KWARG, CPU_KERNELS_KWARG)
 DEFAULT_POLICY = "cost"  # when the caller sets neither dflash_policy nor transformers' draft-length settings
 DEFAULT_LOOKUP_TOKENS = 10  # the cost-aware policy's prompt-lookup source, unless prompt_lookup_num_tokens says
 DRAFT_LENGTH_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
@@ -41,7 +42,9 @@ class DFlashCallOptions:
     a static cache: capture_dflash.py): True (``dflash_compile=True``), False (``dflash_compile=False``, or
     transformers' ``disable_compile=True``) or None (as transformers decides for plain decoding: when a
     ``compile_config`` was given and the device is one it compiles on); `compile_config`: transformers' CompileConfig
-    of the call (None: the package's default settings).
+    of the call (None: the package's default settings); `cpu_kernels`: on a CPU, the installed package's few-row
+    matrix kernel computes the verifies' and drafts' linear layers (``kernels_cpu.py``; ``dflash_cpu_kernels=False``:
+    torch's product throughout).
 
     The generation config's, as generate prepared it: `do_sample`; `num_assistant_tokens` (the most drafts a cycle
     verifies; None: the drafter's whole block); `max_length`: the limit on the text's length in tokens (None: none
@@ -64,6 +67,7 @@ class DFlashCallOptions:
     tree_budget: int | None = None
     compile: bool | None = False
     compile_config: object | None = None
+    cpu_kernels: bool = True
     do_sample: bool = False
     num_assistant_tokens: int | None = None
     max_length: int | None = None
@@ -134,6 +138,10 @@ def resolve_call_options(generation_config, arguments: dict | None = None) -> DF
     if lookup is not None and not isinstance(lookup, bool):
         raise ValueError(f"dflash_lookup={lookup!r}: True (the default: the cost-aware policy may verify prompt-lookup "
                          "drafts instead of the drafter's) or False (drafter drafts only).")
+    kernels = arguments.get(CPU_KERNELS_KWARG, True)
+    if not isinstance(kernels, bool):
+        raise ValueError(f"{CPU_KERNELS_KWARG}={kernels!r}: True (the default: on a CPU, verifies and drafts compute "
+                         "their few rows with hf-dflash's matrix kernel) or False (torch's matrix product).")
     check_draft_length_settings(generation_config)
     lookup_tokens = getattr(generation_config, "prompt_lookup_num_tokens", None)
     check_positive_int("prompt_lookup_num_tokens", lookup_tokens, "the length of the prompt-lookup drafts")
@@ -157,6 +165,7 @@ def resolve_call_options(generation_config, arguments: dict | None = None) -> DF
         policy=policy,
         compile=compile_choice(generation_config, arguments.get(COMPILE_KWARG)),
         compile_config=getattr(generation_config, "compile_config", None),
+        cpu_kernels=kernels,
         lookup_tokens=(lookup_tokens or DEFAULT_LOOKUP_TOKENS) if lookup_source else None,
         branch_tokens=lookup_tokens if budget is not None else None,
         lookup_ngram=getattr(generation_config, "max_matching_ngram_size", None) or 2,

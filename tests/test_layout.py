@@ -70,7 +70,7 @@ HOMES = {
 THIN_SCRIPTS = ("scripts/build_smollm2_prompts.py",)
 # Each module may import modules of its own layer or of the layers before it, never after.
 LAYERS = (
-    ("hf_dflash",) + tuple(f"hf_dflash.{name}" for name in PAYLOAD),
+    ("hf_dflash", "hf_dflash.kernels_cpu") + tuple(f"hf_dflash.{name}" for name in PAYLOAD),
     ("hf_dflash.wheels",),
     ("hf_dflash.models",),
     ("hf_dflash.data",),
