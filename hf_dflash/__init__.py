@@ -28,7 +28,7 @@ from .configuration_dflash2 import DFlash2Config
 from .modeling_dflash2 import DFlash2DraftModel  # also lets DFlashDraftModel.from_pretrained load DFlash2 checkpoints
 
 
-use_cpu_kernels(few_row_kernels)  # DFlash calls on a CPU compute their verifies' few rows with it (kernels_cpu.py)
+use_cpu_kernels(few_row_kernels)  # DFlash calls on a CPU that opt in compute few-row verifies with it (kernels_cpu.py)
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,7 @@ Part of the remote-code payload: imports only the standard library.
 
 import bisect
 import collections
+import contextvars
 import math
 import statistics
 import weakref
@@ -195,8 +196,9 @@ def _monotone_envelope(points: list[tuple[int, float]]) -> list[tuple[int, float
 # could)
 _COST_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def cost_tables(target) -> dict:
-    """{(device, dtype, batch, context bucket[, "captured"]): CostTable} measured for `target` in this process (a new,
-    empty dict the first time; captured forwards have their own tables). Shared by every call on `target`, whichever
+    """{(device, dtype, batch, context bucket[, "captured"][, kernel]): CostTable} measured for `target` in this
+    process (a new, empty dict the first time; captured forwards, and forwards with another matrix kernel, have their
+    own tables). Shared by every call on `target`, whichever
     thread runs it: calls running at once slow each other down, and their measurements say so."""
     return _COST_TABLES.setdefault(target, {})
 
@@ -219,8 +221,15 @@ def context_bucket(tokens: int) -> int:
     return (tokens // 1024).bit_length()
 
 
+# the matrix kernel the forwards of this thread (or asyncio task) run with, when not torch's own: set by the call's
+# forward context (capture_dflash.forward_kernels: "few-row kernel"); their costs are a table of their own
+FORWARD_KERNEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("hf_dflash_forward_kernel", default=None)
+
+
 def cost_table(target, device, batch: int, context: int = 0, captured: bool = False) -> CostTable:
     """The :class:`CostTable` of `target` on `device` at batch size `batch` with about `context` tokens cached, for
-    its eager forwards or its `captured` ones (compiled: capture_dflash.py)."""
+    its eager forwards or its `captured` ones (compiled: capture_dflash.py), and for the matrix kernel the forwards
+    run with (:data:`FORWARD_KERNEL`)."""
     key = (str(device), str(target.dtype), batch, context_bucket(context)) + (("captured",) if captured else ())
-    return cost_tables(target).setdefault(key, CostTable())
+    kernel = FORWARD_KERNEL.get()
+    return cost_tables(target).setdefault(key + ((kernel,) if kernel else ()), CostTable())

@@ -9,16 +9,19 @@ paid. This kernel streams each weight row once against all the input rows (AVX2 
 about what one row does (in SmolLM2-135M: a 2-row verify 1.24-1.36 plain steps, 3 rows 1.34-1.44, 4 rows ~1.5).
 
 What stays torch's: one-row products (plain steps compute exactly what plain ``generate`` computes), more than
-:data:`MOST_ROWS` rows (full blocks, the drafter's block, prompts), other dtypes than float32, other devices, subclasses of ``nn.Linear``
-(quantized layers) and layers whose ``forward`` was already replaced (accelerate's hooks). Lossless as before: the
+:data:`MOST_ROWS` rows (full blocks, the drafter's block, prompts), other dtypes than float32, other devices,
+subclasses of ``nn.Linear`` and quantized weights, and layers whose ``forward`` was already replaced (accelerate's
+hooks). Lossless as before: the
 verify's choices are the target's, computed in float32; the kernel's sums run in a fixed order per output, the same
 whatever rows are computed beside it, and differ from oneMKL's only in rounding (as oneMKL's own few-row and one-row
 products differ from each other).
 
-The kernel is built from source on first use with torch's C++ extension builder (a C++ compiler and ninja; ~30 s
-once, then loaded from torch's extensions cache). Where it cannot be built (no compiler, no AVX2/FMA, not x86-64),
-torch's product is used with one info log. Off per call with ``generate(..., dflash_cpu_kernels=False)``, or for the
-process with ``HF_DFLASH_CPU_KERNELS=0``.
+Opt in per call with ``generate(..., assistant_model=drafter, dflash_cpu_kernels=True)``, or for the process with
+``HF_DFLASH_CPU_KERNELS=1`` (a call's ``dflash_cpu_kernels=False`` still turns it off). It stays opt-in: verifies of
+2-4 rows cost 15-25% less with it on an AMD EPYC, but end to end the default policy measured within that machine's
+noise of torch's product (BENCHMARKS.md, "A few-row matrix kernel"). The kernel is built from source on first use with
+torch's C++ extension builder (a C++ compiler and ninja; ~1 minute once, then loaded from torch's extensions cache).
+Where it cannot be built (no compiler, no AVX2/FMA, not x86-64), torch's product is used with one info log.
 
 Example:
     >>> x, weight = torch.randn(3, 64), torch.randn(40, 64)
@@ -117,8 +120,8 @@ torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor w, c10::optional<to
 
 
 def switched_on() -> bool:
-    """Whether the process allows the kernel (``HF_DFLASH_CPU_KERNELS=0`` turns it off)."""
-    return os.environ.get(ENVIRONMENT_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether the process asks for the kernel where a call says nothing (``HF_DFLASH_CPU_KERNELS=1``; unset: no)."""
+    return os.environ.get(ENVIRONMENT_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def unavailable_reason() -> str | None:
@@ -187,11 +190,12 @@ def eligible(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def few_row_kernels(*models: nn.Module):
+def few_row_kernels(*models: nn.Module, enabled: bool | None = True):
     """Within the block, the forwards of this thread (or asyncio task) compute the eligible linear layers of `models`
     with the kernel when they have 2-7 rows; other threads keep torch's product, and the layers get their own
-    forwards back when the last call routing them ends, errors included. Yields how many layers were routed (0 where
-    the kernel is unavailable or switched off).
+    forwards back when the last call routing them ends, errors included. `enabled`: False routes nothing, None leaves
+    it to the process (:func:`switched_on`). Yields how many layers were routed (0 where the kernel is unavailable or
+    not enabled).
 
     Example:
         >>> layer = nn.Linear(64, 32)
@@ -201,7 +205,7 @@ def few_row_kernels(*models: nn.Module):
         False
     """
     layers = []
-    if switched_on() and extension() is not None:
+    if (enabled or (enabled is None and switched_on())) and extension() is not None:
         # a layer two models share (a drafter's head taken from its target) is routed once
         layers = list({id(module): module for model in models for module in model.modules() if eligible(module)}
                       .values())

@@ -43,8 +43,8 @@ class DFlashCallOptions:
     transformers' ``disable_compile=True``) or None (as transformers decides for plain decoding: when a
     ``compile_config`` was given and the device is one it compiles on); `compile_config`: transformers' CompileConfig
     of the call (None: the package's default settings); `cpu_kernels`: on a CPU, the installed package's few-row
-    matrix kernel computes the verifies' and drafts' linear layers (``kernels_cpu.py``; ``dflash_cpu_kernels=False``:
-    torch's product throughout).
+    matrix kernel computes the verifies' and drafter reads' linear layers (``kernels_cpu.py``): True
+    (``dflash_cpu_kernels=True``), False, or None (the process's ``HF_DFLASH_CPU_KERNELS``; unset: torch's product).
 
     The generation config's, as generate prepared it: `do_sample`; `num_assistant_tokens` (the most drafts a cycle
     verifies; None: the drafter's whole block); `max_length`: the limit on the text's length in tokens (None: none
@@ -67,7 +67,7 @@ class DFlashCallOptions:
     tree_budget: int | None = None
     compile: bool | None = False
     compile_config: object | None = None
-    cpu_kernels: bool = True
+    cpu_kernels: bool | None = None
     do_sample: bool = False
     num_assistant_tokens: int | None = None
     max_length: int | None = None
@@ -138,10 +138,11 @@ def resolve_call_options(generation_config, arguments: dict | None = None) -> DF
     if lookup is not None and not isinstance(lookup, bool):
         raise ValueError(f"dflash_lookup={lookup!r}: True (the default: the cost-aware policy may verify prompt-lookup "
                          "drafts instead of the drafter's) or False (drafter drafts only).")
-    kernels = arguments.get(CPU_KERNELS_KWARG, True)
-    if not isinstance(kernels, bool):
-        raise ValueError(f"{CPU_KERNELS_KWARG}={kernels!r}: True (the default: on a CPU, verifies and drafts compute "
-                         "their few rows with hf-dflash's matrix kernel) or False (torch's matrix product).")
+    kernels = arguments.get(CPU_KERNELS_KWARG)
+    if kernels is not None and not isinstance(kernels, bool):
+        raise ValueError(f"{CPU_KERNELS_KWARG}={kernels!r}: True (on a CPU, verifies compute their few rows with "
+                         "hf-dflash's matrix kernel), False (torch's matrix product) or None (HF_DFLASH_CPU_KERNELS "
+                         "decides; unset: torch's).")
     check_draft_length_settings(generation_config)
     lookup_tokens = getattr(generation_config, "prompt_lookup_num_tokens", None)
     check_positive_int("prompt_lookup_num_tokens", lookup_tokens, "the length of the prompt-lookup drafts")

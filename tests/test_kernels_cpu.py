@@ -1,17 +1,18 @@
 # Copyright 2026 the hf-dflash authors. Apache-2.0.
 """The few-row CPU matrix kernel (hf_dflash/kernels_cpu.py): it computes what torch's product does, a row's result
-never depends on the rows beside it, DFlash calls on a CPU use it for their verifies and drafts (not for plain steps)
-and stay lossless, it can be switched off per call and per process, and layers get their own forwards back."""
+never depends on the rows beside it, DFlash calls on a CPU that opt in use it for their few-row verifies and drafter
+reads (not for plain steps) and stay lossless, their costs are kept apart, and layers get their own forwards back."""
 
 import threading
 
 import pytest
 import torch
-from conftest import assert_lossless, cached_target, make_drafter, make_prompt, plain_generate
+from conftest import assert_lossless, cached_target, make_drafter, make_prompt, make_target, plain_generate
 from torch import nn
 
 from hf_dflash import kernels_cpu
 from hf_dflash.capture_dflash import forward_kernels
+from hf_dflash.costs_dflash import cost_tables
 from hf_dflash.options_dflash import DFlashCallOptions, resolve_call_options
 
 pytestmark = pytest.mark.skipif(kernels_cpu.unavailable_reason() is not None or kernels_cpu.extension() is None,
@@ -112,20 +113,39 @@ def test_dflash_calls_on_a_cpu_verify_with_the_kernel_and_stay_lossless(kind, ke
     product; the output is plain generate's with drafters good and bad."""
     target = cached_target(kind)
     drafter, prompt = make_drafter(target), make_prompt(12, seed=3)
-    assert_lossless(target, drafter, prompt, max_new_tokens=24, assisted={"num_assistant_tokens": 4})
+    assert_lossless(target, drafter, prompt, max_new_tokens=24,
+                    assisted={"num_assistant_tokens": 4, "dflash_cpu_kernels": True})
     assert kernel_rows and min(kernel_rows) >= 2 and max(kernel_rows) <= kernels_cpu.MOST_ROWS
 
 
-def test_the_kernel_can_be_switched_off_per_call_and_per_process(kernel_rows, monkeypatch):
+def test_the_kernel_is_opt_in_per_call_and_per_process(kernel_rows, monkeypatch):
     target = cached_target("qwen3")
     drafter, prompt = make_drafter(target), make_prompt(12, seed=3)
     expected = plain_generate(target, prompt, max_new_tokens=12, do_sample=False)
-    got = target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False,
-                          dflash_policy="full", dflash_cpu_kernels=False)
-    assert torch.equal(got, expected) and kernel_rows == []
-    monkeypatch.setenv(kernels_cpu.ENVIRONMENT_SWITCH, "0")
-    got = target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False, dflash_policy="full")
-    assert torch.equal(got, expected) and kernel_rows == []
+
+    def rows_used(**switch) -> list[int]:
+        kernel_rows.clear()
+        got = target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False,
+                              num_assistant_tokens=4, **switch)
+        assert torch.equal(got, expected)
+        return list(kernel_rows)
+
+    monkeypatch.delenv(kernels_cpu.ENVIRONMENT_SWITCH, raising=False)
+    assert rows_used() == [] and rows_used(dflash_cpu_kernels=True) != []
+    monkeypatch.setenv(kernels_cpu.ENVIRONMENT_SWITCH, "1")
+    assert rows_used() != [] and rows_used(dflash_cpu_kernels=False) == []
+
+
+def test_the_policys_costs_with_the_kernel_are_a_table_of_their_own():
+    """Costs measured with the kernel must not price forwards without it (nor the reverse): a call's table says
+    which kernel its forwards ran with."""
+    target = make_target("qwen3", seed=11)
+    drafter, prompt = make_drafter(target), make_prompt(12, seed=3)
+    for kernels in (True, False):
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=8, do_sample=False, dflash_policy="cost",
+                        dflash_cpu_kernels=kernels)
+    keys = list(cost_tables(target))
+    assert len(keys) == 2 and ["few-row kernel" in key for key in keys] == [True, False], keys
 
 
 def test_a_bad_switch_value_is_refused_with_the_fix():
@@ -135,11 +155,15 @@ def test_a_bad_switch_value_is_refused_with_the_fix():
         resolve_call_options(GenerationConfig(), {"dflash_cpu_kernels": "yes"})
 
 
-def test_captured_forwards_and_other_devices_keep_torchs_product():
+def test_captured_forwards_keep_torchs_product():
     target = cached_target("qwen3")
-    assert forward_kernels(target, target, DFlashCallOptions(compile=True)).__class__.__name__ == "nullcontext"
-    assert forward_kernels(target, target, DFlashCallOptions(cpu_kernels=False)).__class__.__name__ == "nullcontext"
-    assert forward_kernels(target, target, DFlashCallOptions()).__class__.__name__ != "nullcontext"
+
+    def serves(options) -> bool:
+        with forward_kernels(target, target, options) as on:
+            return on
+
+    assert not serves(DFlashCallOptions(compile=True, cpu_kernels=True))
+    assert not serves(DFlashCallOptions(cpu_kernels=False)) and serves(DFlashCallOptions(cpu_kernels=True))
 
 
 def test_where_the_kernel_cannot_be_built_torchs_product_serves(monkeypatch, kernel_rows):
