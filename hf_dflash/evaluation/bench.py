@@ -21,7 +21,10 @@ so that a busy machine slows them alike; the order rotates from prompt to prompt
   (``prompt_lookup_num_tokens=10``);
 - ``dflash_default_tree``: the default policy with trees (``dflash_tree_budget=16, prompt_lookup_num_tokens=10``):
   each cycle a plain step, prompt-lookup drafts alone, or a tree of the budget the policy picks (with the n-gram
-  branch).
+  branch);
+- ``dflash_default_kernel``: the default policy with the few-row CPU matrix kernel (``dflash_cpu_kernels=True``; on a
+  CPU, beside ``dflash_default``, which runs torch's product unless ``HF_DFLASH_CPU_KERNELS=1``, it measures the
+  kernel side by side).
 
 Reported per dataset and overall: tau (tokens per target forward: ``drafter.last_stats`` for ours, counted target
 forwards for the others), acceptance by block position, tokens/s, speedup vs plain (median of per-prompt ratios),

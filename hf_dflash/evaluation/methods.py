@@ -16,7 +16,7 @@ from ..timing_dflash import synchronized_clock
 
 METHODS: tuple[str, ...] = (
     "plain", "pld", "early_exit", "builtin_dflash", "dflash", "dflash_heuristic", "dflash_default", "dflash_tree",
-    "dflash_tree_ngram", "dflash_default_tree",
+    "dflash_tree_ngram", "dflash_default_tree", "dflash_default_kernel",
 )
 TREE_BUDGET = 16  # draft nodes per verification of the ``dflash_tree`` method
 
@@ -32,6 +32,7 @@ METHOD_LABELS = {
     "dflash_tree": f"hf-dflash, tree ({TREE_BUDGET} nodes)",
     "dflash_tree_ngram": f"hf-dflash, tree ({TREE_BUDGET}) + n-gram branch",
     "dflash_default_tree": f"hf-dflash default + tree (up to {TREE_BUDGET})",
+    "dflash_default_kernel": "hf-dflash default + few-row CPU kernel",
 }
 
 
@@ -180,6 +181,8 @@ def method_kwargs(method: str, drafter=None, early_exit_layer: int | None = None
         return {"assistant_model": drafter, "dflash_policy": "full"}
     if method == "dflash_default":
         return {"assistant_model": drafter}
+    if method == "dflash_default_kernel":
+        return {"assistant_model": drafter, "dflash_cpu_kernels": True}
     if method == "dflash_heuristic":
         return {"assistant_model": drafter, "num_assistant_tokens_schedule": "heuristic"}
     if method == "dflash_tree":
