@@ -6,22 +6,24 @@ Why: decoding on a CPU is bound by reading the weights from memory. A plain step
 costs one read; a verify of `n` drafts computes `n + 1` rows, and on some CPUs (measured on an AMD EPYC) oneMKL's
 product costs ~1.85x its one-row time at two rows, so a two-row verify cost ~1.6 plain steps and drafting rarely
 paid. This kernel streams each weight row once against all the input rows (AVX2 + FMA), so a few-row product costs
-about what one row does (in SmolLM2-135M: a 2-row verify 1.24-1.36 plain steps, 3 rows 1.34-1.44, 4 rows ~1.5).
+about what one row does (in SmolLM2-135M on that EPYC, quiet: a 2-row verify 1.05 plain steps instead of 1.53, 4 rows
+1.32 instead of 1.84).
 
 What stays torch's: one-row products (plain steps compute exactly what plain ``generate`` computes), more than
 :data:`MOST_ROWS` rows (full blocks, the drafter's block, prompts), other dtypes than float32, other devices,
 subclasses of ``nn.Linear`` and quantized weights, and layers whose ``forward`` was already replaced (accelerate's
-hooks). Lossless as before: the
-verify's choices are the target's, computed in float32; the kernel's sums run in a fixed order per output, the same
-whatever rows are computed beside it, and differ from oneMKL's only in rounding (as oneMKL's own few-row and one-row
-products differ from each other).
+hooks). Lossless as before: the verify's choices are the target's, computed in float32; the kernel's sums run in a
+fixed order per output, the same whatever rows are computed beside it, and differ from oneMKL's only in rounding (as
+oneMKL's own few-row and one-row products differ from each other).
 
 Opt in per call with ``generate(..., assistant_model=drafter, dflash_cpu_kernels=True)``, or for the process with
 ``HF_DFLASH_CPU_KERNELS=1`` (a call's ``dflash_cpu_kernels=False`` still turns it off). It stays opt-in: verifies of
-2-4 rows cost 15-25% less with it on an AMD EPYC, but end to end the default policy measured within that machine's
-noise of torch's product (BENCHMARKS.md, "A few-row matrix kernel"). The kernel is built from source on first use with
-torch's C++ extension builder (a C++ compiler and ninja; ~1 minute once, then loaded from torch's extensions cache).
-Where it cannot be built (no compiler, no AVX2/FMA, not x86-64), torch's product is used with one info log.
+2-4 rows cost a quarter to a third less with it on that EPYC, but side by side the default policy gained nothing end
+to end (it drafted more for no gain: BENCHMARKS.md, "A few-row matrix kernel").
+
+The kernel is built from source on first use with torch's C++ extension builder (a C++ compiler and ninja; ~1 minute
+once, then loaded from torch's extensions cache). Where it cannot be built (no compiler, no AVX2/FMA, not x86-64),
+torch's product is used with one info log.
 
 Example:
     >>> x, weight = torch.randn(3, 64), torch.randn(40, 64)
@@ -142,7 +144,7 @@ def extension():
         try:
             from torch.utils.cpp_extension import load_inline
 
-            logger.info("Loading hf-dflash's few-row CPU matrix kernel (built once, ~30 s, then cached by torch)")
+            logger.info("Loading hf-dflash's few-row CPU matrix kernel (built once, ~1 minute, then cached by torch)")
             return load_inline("hf_dflash_few_rows_v1", cpp_sources=SOURCE, functions=["few_rows_linear"],
                                extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
         except Exception as error:  # no compiler, no ninja, a failed build: torch's product serves
