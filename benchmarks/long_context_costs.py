@@ -5,9 +5,10 @@ the cached context, and peak memory (RSS) of plain generate against generate wit
 Costs (one process): for each context length the target prefills a document prompt cut to that many tokens, then a
 verify of k rows is timed on that cache (median of `--repeats`, the cache cut back after each), with the key/value
 heads grouped as the DFlash loop runs it on CPU (``t_k_over_t1``), the same with the few-row matrix kernel DFlash calls
-use on a CPU (``t_k_over_t1_few_row_kernel``, over torch's one-row time: hf_dflash/kernels_cpu.py) and as transformers' SDPA does for masked forwards
-(``t_k_over_t1_transformers_sdpa``: every cached key and value copied per query head); one full-block DFlash generate
-reads the drafter's time per cycle from ``drafter.last_stats``.
+use on a CPU when they opt in (``t_k_over_t1_few_row_kernel``, over torch's one-row time: hf_dflash/kernels_cpu.py)
+and as transformers' SDPA does for masked forwards (``t_k_over_t1_transformers_sdpa``: every cached key and value
+copied per query head); one full-block DFlash generate reads the drafter's time per cycle from
+``drafter.last_stats``.
 
 Memory (one fresh process per case, so that each peak is its own): peak RSS after loading the models, and after
 ``generate`` with and without the drafter, and the call's peak tensor memory counted to the byte

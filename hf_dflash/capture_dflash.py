@@ -34,7 +34,6 @@ from transformers import StaticCache
 from transformers.utils import logging
 
 from .cache_dflash import cache_argument, cache_capacity, static_refusal
-from .costs_dflash import FORWARD_KERNEL
 from .options_dflash import DFlashCallOptions
 from .timing_dflash import captured_widths
 
@@ -80,8 +79,8 @@ def forward_kernels(target, drafter, options: DFlashCallOptions | None):
     """The context a DFlash call's forwards run in: on a CPU, the installed package's few-row matrix kernel for the
     target's and the drafter's linear layers when the call asks for it (``dflash_cpu_kernels=True``, or None with
     ``HF_DFLASH_CPU_KERNELS=1``) and not for captured forwards (the compiler traces torch's own product); else
-    torch's. While the kernel serves, the policy's costs go to tables of their own (:data:`~costs_dflash.
-    FORWARD_KERNEL`). Yields whether it serves."""
+    torch's. While the kernel serves, the policy's costs go to tables of their own (the kernel sets
+    :data:`~costs_dflash.FORWARD_KERNEL`). Yields whether it serves."""
     options = options if options is not None else DFlashCallOptions()
     context = _CPU_KERNELS["context"]
     if context is None or target.device.type != "cpu" or options.cpu_kernels is False or capture_requested(
@@ -89,11 +88,7 @@ def forward_kernels(target, drafter, options: DFlashCallOptions | None):
         yield False
         return
     with context(target, drafter, enabled=options.cpu_kernels) as routed:
-        token = FORWARD_KERNEL.set("few-row kernel" if routed else None)
-        try:
-            yield bool(routed)
-        finally:
-            FORWARD_KERNEL.reset(token)
+        yield bool(routed)
 
 
 def compile_settings(options: DFlashCallOptions, device: torch.device) -> dict:

@@ -221,8 +221,9 @@ def context_bucket(tokens: int) -> int:
     return (tokens // 1024).bit_length()
 
 
-# the matrix kernel the forwards of this thread (or asyncio task) run with, when not torch's own: set by the call's
-# forward context (capture_dflash.forward_kernels: "few-row kernel"); their costs are a table of their own
+# the matrix kernel the forwards of this thread (or asyncio task) run with, when not torch's own: set inside the
+# installed package's few-row kernel context (kernels_cpu.few_row_kernels, which also reads it to route layers only
+# in this context); their costs are a table of their own
 FORWARD_KERNEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("hf_dflash_forward_kernel", default=None)
 
 

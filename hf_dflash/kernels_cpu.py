@@ -32,7 +32,6 @@ Example:
 """
 
 import contextlib
-import contextvars
 import functools
 import os
 import platform
@@ -44,12 +43,15 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
+from .costs_dflash import FORWARD_KERNEL
+
 logger = logging.get_logger(__name__)
 
 # the rows the kernel takes: one row is a plain step (torch's product, as plain generate computes it); from 8 rows on
 # oneMKL's blocked product is faster in the model (SmolLM2-135M on an AMD EPYC: 8 rows 2.1 plain steps either way,
 # 16 rows 3.4 by the kernel, 2.8 by oneMKL), and a prompt is oneMKL's
 FEWEST_ROWS, MOST_ROWS = 2, 7
+NAME = "few-row kernel"  # what FORWARD_KERNEL holds inside few_row_kernels (the policy's costs key on it)
 ENVIRONMENT_SWITCH = "HF_DFLASH_CPU_KERNELS"
 
 SOURCE = r"""
@@ -162,9 +164,8 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return kernel.few_rows_linear(x.contiguous(), weight, bias)
 
 
-# whether the forwards of this thread (or asyncio task) are inside few_row_kernels: a layer routed for one thread's
-# DFlash call computes another thread's plain generate with torch's product
-_SWITCH: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_dflash_few_row_kernels", default=False)
+# whether the forwards of this thread (or asyncio task) are inside few_row_kernels is FORWARD_KERNEL's (a context
+# variable): a layer routed for one thread's DFlash call computes another thread's plain generate with torch's product
 # layer -> how many calls in flight routed it (calls on one model may overlap in threads): the last one restores it
 _ROUTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _ROUTED_LOCK = threading.Lock()
@@ -174,7 +175,7 @@ def _few_rows_forward(self: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
     """``nn.Linear.forward``, by the kernel for :data:`FEWEST_ROWS` to :data:`MOST_ROWS` float32 rows inside
     :func:`few_row_kernels`."""
     rows = hidden.numel() // max(hidden.shape[-1], 1)
-    if (_SWITCH.get() and FEWEST_ROWS <= rows <= MOST_ROWS and hidden.dtype == torch.float32
+    if (FORWARD_KERNEL.get() == NAME and FEWEST_ROWS <= rows <= MOST_ROWS and hidden.dtype == torch.float32
             and hidden.device.type == "cpu" and not torch.is_grad_enabled()):  # the kernel has no backward
         out = few_rows_linear(hidden.reshape(rows, hidden.shape[-1]), self.weight, self.bias)
         return out.reshape(*hidden.shape[:-1], out.shape[-1])
@@ -215,11 +216,12 @@ def few_row_kernels(*models: nn.Module, enabled: bool | None = True):
         for layer in layers:
             _ROUTED[layer] = _ROUTED.get(layer, 0) + 1
             layer.forward = types.MethodType(_few_rows_forward, layer)
-    token = _SWITCH.set(bool(layers))
+    token = FORWARD_KERNEL.set(NAME) if layers else None  # the costs measured inside are the kernel's
     try:
         yield len(layers)
     finally:
-        _SWITCH.reset(token)
+        if token is not None:
+            FORWARD_KERNEL.reset(token)
         with _ROUTED_LOCK:
             for layer in layers:
                 _ROUTED[layer] -= 1
