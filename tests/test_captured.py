@@ -160,6 +160,7 @@ def static_verify(target, verify, cache_length: int, **kwargs):
         return verify(cache_length, input_ids=ids[:, :1], position_ids=torch.tensor([[6]]), **forward)
 
 
+@pytest.mark.slow  # ~12 s of compiling
 def test_more_graphs_than_dynamos_limit_still_capture(qwen3):
     """Widths times cache lengths pass dynamo's limit of graphs per forward (8 by default; which, under fullgraph,
     raises): the captured verify raises its own limit and keeps compiling. The limit is lowered to 2 here so that 3
