@@ -12,8 +12,9 @@ server's other threads may be running at the same moment, so they write only for
 Given the drafter's ``fc`` (DFlash: a linear map of the T concatenated layers to one hidden state), each layer's
 output is projected by its own slice of ``fc`` and summed into one [b, n, H] tensor (:func:`fuse_layer`): the prompt's
 context then takes one hidden state per token instead of T (87 MiB -> 17 MiB at 8K tokens for SmolLM2-135M). The
-decoding loop fuses every later verify's features the same way (``DFlashDraftModel.fused_features``), in the same
-order, so the drafter reads the same numbers whichever path made them.
+decoding loop fuses every later verify's features the same way (:func:`fuse_states`), in the same order, so the
+drafter reads the same numbers whichever path made them; a verify's are fused when the drafter reads them, together
+with those of the plain steps before (``Rows.unread``), so a run of plain steps never pays for ``fc``.
 
 Part of the remote-code payload: imports only torch and transformers.
 
@@ -62,6 +63,24 @@ def fuse_layer(weight: torch.Tensor, k: int, hidden: torch.Tensor, fused: torch.
     width = hidden.shape[-1]
     share = nn.functional.linear(hidden, weight[:, k * width : (k + 1) * width])
     return share if fused is None else fused.add_(share)
+
+
+def fuse_states(states: list[torch.Tensor], layer_ids: list[int], fc: nn.Module | None) -> torch.Tensor:
+    """The drafter's context of the target's `states` after layers `layer_ids` (one [b, n, H] each): ``fc`` of their
+    concatenation [b, n, H], each layer's share summed in the order the target's layers run, as
+    :class:`PromptFeatureWriter` sums a prompt's; without an `fc` (DFlare), the concatenation [b, n, T*H].
+
+    Example:
+        >>> fc = nn.Linear(4, 2, bias=False); _ = fc.weight.data.fill_(1.0)
+        >>> fuse_states([torch.ones(1, 1, 2), torch.full((1, 1, 2), 2.0)], [3, 1], fc).tolist()
+        [[[6.0, 6.0]]]
+    """
+    if fc is None:
+        return torch.cat(states, dim=-1)
+    fused, weight = None, dense_weight(fc)
+    for k in sorted(range(len(layer_ids)), key=layer_ids.__getitem__):
+        fused = fuse_layer(weight, k, states[k], fused)
+    return fused
 
 
 def target_features(hidden_states, layer_ids) -> torch.Tensor:

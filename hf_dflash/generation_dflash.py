@@ -134,7 +134,7 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
             # the recurrent states read rejected drafts and the cache cannot crop them: rewind and re-advance
             verify = readvance(target, verify, keep, cache, recurrent, forward_kwargs)
         running, committed = rows.commit(
-            accepted, tokens, processed, drafter.fused_features(verify.outputs.hidden_states, slice(0, keep)),
+            accepted, tokens, processed, drafter.selected_states(verify.outputs.hidden_states, slice(0, keep)),
             verify.positions[:, : verify.width], cache, verify.cached, stopping_criteria, drafter_read=drafter_ran,
         )
         record(recorder, streamer, verify.outputs, verify.raw, processed, committed, verify.cached)
@@ -244,7 +244,7 @@ def prefill(target, drafter, rows, input_ids, forward_kwargs, logits_processor, 
     if streamer is not None:
         streamer.put(tokens[0].cpu())
     features = drafter.fused_features(outputs.hidden_states) if writer is None else writer.features
-    return rows.start(tokens, features, processed, stopping_criteria)
+    return rows.start(tokens, features, processed, stopping_criteria, drafter.fuse)
 
 
 class Verification:

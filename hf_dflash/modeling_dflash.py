@@ -37,7 +37,7 @@ from .configuration_dflash import (
 )
 # Imported for its effect: loading the drafter (remote code included) routes generate(assistant_model=drafter) to the
 # DFlash loop (tests/test_checkpoint.py runs a saved drafter where hf_dflash is not importable)
-from .features_dflash import dense_weight, fuse_layer, target_features  # noqa: F401
+from .features_dflash import fuse_states, target_features  # noqa: F401
 from .generation_dflash import enable_dflash_generation  # noqa: F401
 from .hub_dflash import DFlashHubMixin
 from .vocabulary_dflash import DraftVocabularyMixin, frozen_head
@@ -231,16 +231,17 @@ class DFlashDraftModel(DFlashHubMixin, DraftVocabularyMixin, DFlashPreTrainedMod
 
     def fused_features(self, hidden_states, slots=None) -> torch.Tensor:
         """The context the decoding loop keeps per token from a target forward's `hidden_states` (at `slots`; None:
-        all): ``fc(features)`` [b, n, H] summed in layer order as :class:`~features_dflash.PromptFeatureWriter` sums a
-        prompt's (DFlash), the features themselves (DFlare). The forward reads it with ``context_fused=True``."""
-        ids = self.config.target_layer_ids
-        states = [hidden_states[i + 1] if slots is None else hidden_states[i + 1][:, slots] for i in ids]
-        if self.fc is None:
-            return torch.cat(states, dim=-1)
-        fused, weight = None, dense_weight(self.fc)
-        for k in sorted(range(len(ids)), key=ids.__getitem__):  # the order the target's layers run in
-            fused = fuse_layer(weight, k, states[k], fused)
-        return fused
+        all): :meth:`fuse` of :meth:`selected_states`. The forward reads it with ``context_fused=True``."""
+        return self.fuse(self.selected_states(hidden_states, slots))
+
+    def selected_states(self, hidden_states, slots=None) -> list[torch.Tensor]:
+        """This drafter's layers of a target forward's `hidden_states` (at `slots`; None: all), one [b, n, H] each."""
+        return [hidden_states[i + 1] if slots is None else hidden_states[i + 1][:, slots]
+                for i in self.config.target_layer_ids]
+
+    def fuse(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """The context of :meth:`selected_states` `states` (see :func:`~features_dflash.fuse_states`)."""
+        return fuse_states(states, self.config.target_layer_ids, self.fc)
 
     def project_context(self, context_hidden_states: torch.Tensor | None, fused: bool = False):
         """Per drafter layer, the context it attends to: `hidden_norm(fc(features))` (DFlash, shared by all layers;

@@ -5,6 +5,7 @@ stops (exactly where plain ``generate`` would), and the outputs plain ``generate
 Part of the remote-code payload: imports only torch, transformers and sibling modules.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -37,10 +38,11 @@ class Rows:
     finished: list[torch.Tensor | None]  # by original batch row: the history a finished row ends with
     slot_mask: torch.Tensor | None  # [b, slots]: which cache slots hold real tokens; None while all do
     feature_positions: torch.Tensor  # [b, n]: positions of the slots verified since the drafter last read features
-    features: torch.Tensor | None = None  # [b, n, C]: their drafter context (DFlashDraftModel.fused_features)
+    features: torch.Tensor | None = None  # [b, n, C]: the drafter context of those fused so far (None: none)
     anchor_positions: torch.Tensor | None = None  # [b]: position of each row's anchor (its last committed token)
-    # plain steps' (features, positions), after `features`: joined when the drafter reads them (see `unread`)
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
+    # verifies' (selected target states, positions) after `features`: fused and joined when the drafter reads them
+    pending: list[tuple[list[torch.Tensor], torch.Tensor]] = field(default_factory=list, repr=False)
+    fuse: Callable[[list[torch.Tensor]], torch.Tensor] | None = field(default=None, repr=False)  # drafter.fuse
 
     @classmethod
     def for_prompts(cls, input_ids, attention_mask=None) -> "Rows":
@@ -60,19 +62,23 @@ class Rows:
         """[b, 1]: each row's last committed token, which the target has not read yet."""
         return torch.stack([h[-1:] for h in self.histories])
 
-    def start(self, tokens, features, scores, stopping_criteria) -> list[int]:
+    def start(self, tokens, features, scores, stopping_criteria, fuse) -> list[int]:
         """After the prefill: append each row's first token (`tokens` [b, 1]); the prompt features are the drafter's
-        first context. Returns the rows that go on."""
-        self.features, self.anchor_positions = features, self.feature_positions[:, -1] + 1
+        first context, and `fuse` (``DFlashDraftModel.fuse``) makes the later verifies' states into context. Returns
+        the rows that go on."""
+        self.features, self.anchor_positions, self.fuse = features, self.feature_positions[:, -1] + 1, fuse
         return [r for r in range(len(self)) if self._extend(r, tokens[r], scores[r], stopping_criteria)[1]]
 
     def unread(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(features [b, n, C], positions [b, n]) of the slots verified since the drafter last read: its next
-        context. Plain steps leave theirs in pieces, joined here once, when the drafter reads them: joined at every
-        step, a long prompt's unread features were copied per step while the policy took plain steps (+13% per token
-        after a 2K-token prompt on a CPU)."""
+        context. Verifies leave their target states in pieces, fused and joined here once, when the drafter reads
+        them: a run of plain steps pays for neither (fused at every step, ``fc`` cost ~1% of a plain step of
+        SmolLM2-135M on a CPU; joined at every step, a long prompt's unread features were copied per step: +13% per
+        token after a 2K-token prompt)."""
         if self.pending:
-            self.features = torch.cat([self.features, *(f for f, _ in self.pending)], dim=1)
+            states = [torch.cat(layer, dim=1) for layer in zip(*(s for s, _ in self.pending))]
+            fused = self.fuse(states)
+            self.features = fused if self.features is None else torch.cat([self.features, fused], dim=1)
             self.feature_positions = torch.cat([self.feature_positions, *(p for _, p in self.pending)], dim=1)
             self.pending = []
         return self.features, self.feature_positions
@@ -104,13 +110,14 @@ class Rows:
             return ids, positions, None
         return ids, positions, torch.cat([self.slot_mask, self.slot_mask.new_ones(len(self), width)], dim=1)
 
-    def commit(self, accepted, tokens, scores, features, positions, cache, cached: int, stopping_criteria,
+    def commit(self, accepted, tokens, scores, states, positions, cache, cached: int, stopping_criteria,
                drafter_read: bool = True):
         """Commit a verification: row r accepted `accepted[r]` drafts and then `tokens[r, accepted[r]]`.
 
         The target `cache` (`cached` slots before the verify forward) keeps the slots of the longest acceptance;
-        shorter rows mark their rejected slots as padding. The kept slots' `features` / `positions` [b, width, ...]
-        become the drafter's next context (after the unread ones, when the drafter did not run this cycle). Each row's
+        shorter rows mark their rejected slots as padding. The kept slots' target `states` (the drafter's layers,
+        ``DFlashDraftModel.selected_states``, [b, width, H] each) and `positions` [b, width] become the drafter's next
+        context (after the unread ones, when the drafter did not run this cycle), fused when it reads them. Each row's
         history grows by its tokens, cut exactly where plain generate would stop (EOS, max length, stop strings inside
         the block; `scores` [b, k + 1, V] feed the criteria).
 
@@ -122,10 +129,11 @@ class Rows:
         if self.slot_mask is not None or not bool(real.all()):
             before = self.slot_mask if self.slot_mask is not None else real.new_ones(len(self), cached)
             self.slot_mask = torch.cat([before, real], dim=1)
-        if drafter_read:
-            self.features, self.feature_positions, self.pending = features[:, :keep], positions[:, :keep], []
+        kept = ([state[:, :keep] for state in states], positions[:, :keep])
+        if drafter_read:  # the drafter read all before: these are its whole next context
+            self.features, self.feature_positions, self.pending = None, positions[:, :0], [kept]
         else:  # a plain step: the drafter has not read the previous features either; it reads both next time
-            self.pending.append((features[:, :keep], positions[:, :keep]))
+            self.pending.append(kept)
         self.anchor_positions = self.anchor_positions + accepted + 1
         running, committed = [], []
         for r, n in enumerate(accepted.tolist()):

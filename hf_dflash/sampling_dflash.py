@@ -246,6 +246,6 @@ def accept(drafts, draft_scores, scores, do_sample: bool):
         if draft_scores is None:
             return point_mass_accept(drafts, scores.softmax(-1))
         return speculative_accept(drafts, draft_scores.softmax(-1), scores.softmax(-1))
-    if do_sample:
-        return drafts.new_zeros(drafts.shape[0]), select_tokens(scores, True)
+    if drafts.shape[1] == 0:  # a plain step (the policy's most common cycle where drafts do not pay): no prefix
+        return drafts.new_zeros(drafts.shape[0]), select_tokens(scores, do_sample)
     return greedy_accept(drafts, scores)

@@ -375,7 +375,7 @@ class TreeVerifier:
         stats.add_verification(rows.ids, accepted, num_drafts=n - 1)
         tokens = torch.cat([tree.tokens[kept[1:]], tree.tokens.new_tensor([last])])[None]
         running, committed = rows.commit(
-            accepted, tokens, processed[kept][None], self.drafter.fused_features(outputs.hidden_states, kept),
+            accepted, tokens, processed[kept][None], self.drafter.selected_states(outputs.hidden_states, kept),
             positions[:, order], cache, cached, self.stopping_criteria,
         )
         record(recorder, streamer, _Committed(outputs, kept, cached), raw[kept][None], processed[kept][None],

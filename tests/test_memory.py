@@ -6,12 +6,14 @@ timed; the peak resident memory at 2K-8K-token prompts on SmolLM2 is in BENCHMAR
 
 import pytest
 import torch
-from conftest import FAMILIES, family_target, make_drafter, make_prompt, make_target
+from conftest import FAMILIES, cached_target, family_target, make_drafter, make_prompt, make_target, plain_generate
 
 from hf_dflash import policy_dflash
 from hf_dflash.evaluation.memory import PeakTensorMemory
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 from hf_dflash.features_dflash import PromptFeatureWriter
 from hf_dflash.modeling_dflash import target_features
+from hf_dflash.policy_dflash import CostAwarePolicy, Draft
 from hf_dflash.schedules_dflash import FullBlocks
 
 
@@ -102,3 +104,35 @@ def test_plain_steps_do_not_copy_the_prompts_features(monkeypatch):
     assert drafter.last_stats.drafts_per_cycle == [0] * 15
     extra = ours.allocated_bytes - plain
     assert extra < 2 * features, f"15 plain steps allocated {extra / features:.1f}x the prompt's features beyond plain"
+
+
+def test_plain_steps_features_are_fused_once_when_the_drafter_reads_them(monkeypatch):
+    """A plain step's target states wait unfused: the drafter's ``fc`` runs once per drafter read, over every step
+    since (fused at every step, it cost ~1% of a plain step of SmolLM2-135M on a CPU), and what the drafter reads is
+    a fresh target forward's features of the committed text at those positions."""
+    target = cached_target("qwen3")
+    drafter = make_drafter(target, block_size=6)
+    prompt = make_prompt(10, seed=4)
+    schedule = iter([0, 0, 0, 5, 0, 0, 5, 0, 5] + [0] * 40)
+    monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *args, **kwargs: Draft(next(schedule)))
+    fused, read, fuse, propose = [], [], type(drafter).fuse, DFlashCandidateGenerator.propose
+
+    def counted_fuse(self, states):
+        fused.append(states[0].shape[1])
+        return fuse(self, states)
+
+    def checked_propose(self, histories, context, context_positions, *args, **kwargs):
+        with torch.no_grad():
+            hidden = target(histories[0][None], output_hidden_states=True).hidden_states
+        torch.testing.assert_close(context, fuse(drafter, drafter.selected_states(hidden))[:, context_positions[0]],
+                                   rtol=1e-4, atol=1e-5)
+        read.append(context.shape[1])
+        return propose(self, histories, context, context_positions, *args, **kwargs)
+
+    monkeypatch.setattr(type(drafter), "fuse", counted_fuse)
+    monkeypatch.setattr(DFlashCandidateGenerator, "propose", checked_propose)
+    got = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False, dflash_policy="cost")
+    assert got.tolist() == plain_generate(target, prompt, max_new_tokens=24).tolist()
+    assert drafter.last_stats.drafts_per_cycle[:3] == [0, 0, 0] and len(read) == 3
+    assert len(fused) == len(read), f"fc ran {len(fused)} times for {len(read)} drafter reads: {fused}"
+    assert fused[0] == 3, "the first read fuses the three plain steps' states together"
