@@ -7,6 +7,7 @@ Part of the remote-code payload: imports only torch, transformers and sibling mo
 """
 
 import dataclasses
+import weakref
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -69,13 +70,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.cache_keyword = cache_argument(drafter)
         mask_ids = torch.full((1, self.block_size - 1), drafter.config.mask_token_id)
         self.mask_embeds = self._embed(mask_ids)
-        # A draft vocabulary: the LM head's rows for those tokens, gathered once per call at the first draft (on a
-        # CPU the head is mostly the cost of reading its weights), not before: the target's prefill of a long prompt
+        # A draft vocabulary: the LM head's rows for those tokens (on a CPU the head is mostly the cost of reading its
+        # weights), gathered at the first draft (draft_head_rows), not before: the target's prefill of a long prompt
         # is the call's memory peak
         self.draft_ids = drafter.draft_token_ids()
         if self.draft_ids is not None:
             self.draft_ids = self.draft_ids.to(self.lm_head.weight.device)
-        self._draft_head: torch.Tensor | None = None
 
     def capture(self, captured) -> None:
         """Run the drafter's forwards through `captured` (a :class:`~capture_dflash.CapturedDraft`), whose static
@@ -203,13 +203,36 @@ class DFlashCandidateGenerator(CandidateGenerator):
         finite logits (-inf elsewhere: never proposed, and q = 0 there for speculative sampling)."""
         if self.draft_ids is None:
             return self.lm_head(hidden)
-        if self._draft_head is None:
-            self._draft_head = plain_head_rows(self.lm_head.weight, self.draft_ids)
-        partial = hidden @ self._draft_head.T
+        partial = hidden @ draft_head_rows(self.drafter, self.lm_head.weight, self.draft_ids).T
         if getattr(self.lm_head, "bias", None) is not None:
             partial = partial + self.lm_head.bias[self.draft_ids]
         logits = partial.new_full((*partial.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
         return logits.index_copy_(-1, self.draft_ids, partial)
+
+
+def draft_head_rows(drafter, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The rows `ids` of the target's LM head `weight` (:func:`~checkpoint_dflash.plain_head_rows`), gathered at
+    `drafter`'s first draft and kept with it for its later calls while the head is the same tensor, unchanged in place
+    (its version), and the ids the same: gathering them cost a CPU ~30 ms per call (the shipped SmolLM2-135M
+    drafter's 13,566 rows, 31 MiB in fp32), a chat call's worth of drafter probes. A weak reference to the head: the
+    drafter does not keep a target alive.
+
+    Example:
+        >>> weight, drafter = torch.eye(3), torch.nn.Module()
+        >>> rows = draft_head_rows(drafter, weight, torch.tensor([2]))
+        >>> rows.tolist(), draft_head_rows(drafter, weight, torch.tensor([2])) is rows
+        ([[0.0, 0.0, 1.0]], True)
+        >>> _ = weight.mul_(2.0); draft_head_rows(drafter, weight, torch.tensor([2])).tolist()  # changed in place
+        [[0.0, 0.0, 2.0]]
+    """
+    kept = getattr(drafter, "_draft_head_rows", None)
+    if kept is not None:
+        head, version, kept_ids, rows = kept
+        if head() is weight and version == weight._version and torch.equal(kept_ids, ids):
+            return rows
+    rows = plain_head_rows(weight, ids)
+    object.__setattr__(drafter, "_draft_head_rows", (weakref.ref(weight), weight._version, ids, rows))
+    return rows
 
 
 def selector_walk(processors, histories: list[torch.Tensor], candidate_ids: torch.Tensor, edges: torch.Tensor,

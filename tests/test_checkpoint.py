@@ -280,3 +280,25 @@ def test_a_draft_vocabulary_only_proposes_its_tokens_and_stays_lossless(saved):
     finally:
         hf_dflash.candidates_dflash.DFlashCandidateGenerator.propose = original
     assert proposed and set(proposed) <= set(DRAFT_IDS)
+
+
+def test_a_draft_vocabularys_head_rows_are_gathered_once_for_a_drafters_calls(saved, monkeypatch):
+    """The target head's rows for the draft vocabulary are gathered at a drafter's first draft and kept for its later
+    calls (~30 ms a call on a CPU for the shipped drafter); gathered again for another target's head, or for the same
+    head changed in place, so that drafts are always scored by the head the target verifies with."""
+    target, _, root = saved
+    restricted = DFlashDraftModel.from_pretrained(root / "drafter").eval()
+    restricted.set_draft_vocabulary(DRAFT_IDS)
+    gathered, gather = [], hf_dflash.candidates_dflash.plain_head_rows
+    monkeypatch.setattr(hf_dflash.candidates_dflash, "plain_head_rows",
+                        lambda weight, ids: gathered.append(weight) or gather(weight, ids))
+    for seed in range(3):
+        assert torch.equal(greedy(target, restricted, seed=seed), greedy(target, seed=seed))
+    assert len(gathered) == 1 and restricted.last_stats.drafted_verifications > 0
+    other = tiny_target(seed=5)
+    assert torch.equal(greedy(other, restricted), greedy(other))
+    assert len(gathered) == 2 and gathered[1] is other.lm_head.weight
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)  # the same tensor, changed in place
+    assert torch.equal(greedy(other, restricted), greedy(other))
+    assert len(gathered) == 3
