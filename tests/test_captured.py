@@ -63,6 +63,7 @@ def test_captured_verify_is_lossless_with_inductor(qwen3):
     assert compiled[1:] == [0] * (len(DRAFTER_KINDS) - 1), "later calls (same cache length) reuse the graphs"
 
 
+@pytest.mark.slow  # ~20 s of compiling
 @needs_static_crop
 def test_a_fresh_target_is_captured_from_its_first_call():
     """A target no forward has asked for hidden states yet: transformers installs its recording hooks at the first
@@ -249,6 +250,7 @@ def test_the_captured_drafter_reads_what_the_eager_one_reads(qwen3):
     assert captured.length == start and captured.graphs == 1
 
 
+@pytest.mark.slow  # ~20 s of compiling
 @needs_static_crop
 def test_a_drafter_forward_that_compiled_is_not_its_cost(qwen3, monkeypatch):
     """The cycle whose drafter forward compiled a graph does not teach the policy that drafting costs the compile."""

@@ -17,6 +17,8 @@ from conftest import WORDS
 from hf_dflash import DFlashDraftModel
 
 ROOT = Path(__file__).resolve().parents[1]
+# two training runs of the script (~25 s): with the slow tier that .ci/run also runs
+pytestmark = pytest.mark.slow
 FILE_LIMIT, MAX_FILES, TOTAL_LIMIT = 16 * 2**20, 8, 64 * 2**20  # what comes back from a lent machine
 
 

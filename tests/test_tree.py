@@ -681,6 +681,7 @@ def test_trees_under_the_cost_aware_policy_are_lossless(arch, monkeypatch):
     assert len(widths) > 2, widths  # the budgets did vary
 
 
+@pytest.mark.slow  # ~27 s; greedy trees under chosen budgets stay in the fast suite
 def test_sampled_trees_with_chosen_budgets_follow_the_target_distribution(sampling_target, monkeypatch):
     """The cost-aware policy's own tree budgets (from the drafter's node probabilities and an injected, frozen cost
     table where drafting pays but wide verifies cost more: never wall-clock), so the cycles are trees whose budget
