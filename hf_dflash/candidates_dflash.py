@@ -210,12 +210,17 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return logits.index_copy_(-1, self.draft_ids, partial)
 
 
+# drafter -> (a weak reference to the target head it gathered from, that head's version, the ids, their rows): weakly
+# keyed, as the policy's cost tables are, so that a drafter holds no state of its own (it still pickles) and neither
+# keeps the other alive
+_DRAFT_HEAD_ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def draft_head_rows(drafter, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The rows `ids` of the target's LM head `weight` (:func:`~checkpoint_dflash.plain_head_rows`), gathered at
-    `drafter`'s first draft and kept with it for its later calls while the head is the same tensor, unchanged in place
-    (its version), and the ids the same: gathering them cost a CPU ~30 ms per call (the shipped SmolLM2-135M
-    drafter's 13,566 rows, 31 MiB in fp32), a chat call's worth of drafter probes. A weak reference to the head: the
-    drafter does not keep a target alive.
+    `drafter`'s first draft and kept for its later calls while the head is the same tensor, unchanged in place (its
+    version), and the ids the same: gathering them cost a CPU ~30 ms per call (the shipped SmolLM2-135M drafter's
+    13,566 rows, 31 MiB in fp32), a chat call's worth of drafter probes.
 
     Example:
         >>> weight, drafter = torch.eye(3), torch.nn.Module()
@@ -225,13 +230,13 @@ def draft_head_rows(drafter, weight: torch.Tensor, ids: torch.Tensor) -> torch.T
         >>> _ = weight.mul_(2.0); draft_head_rows(drafter, weight, torch.tensor([2])).tolist()  # changed in place
         [[0.0, 0.0, 2.0]]
     """
-    kept = getattr(drafter, "_draft_head_rows", None)
+    kept = _DRAFT_HEAD_ROWS.get(drafter)
     if kept is not None:
         head, version, kept_ids, rows = kept
         if head() is weight and version == weight._version and torch.equal(kept_ids, ids):
             return rows
     rows = plain_head_rows(weight, ids)
-    object.__setattr__(drafter, "_draft_head_rows", (weakref.ref(weight), weight._version, ids, rows))
+    _DRAFT_HEAD_ROWS[drafter] = (weakref.ref(weight), weight._version, ids, rows)
     return rows
 
 

@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -295,6 +296,7 @@ def test_a_draft_vocabularys_head_rows_are_gathered_once_for_a_drafters_calls(sa
     for seed in range(3):
         assert torch.equal(greedy(target, restricted, seed=seed), greedy(target, seed=seed))
     assert len(gathered) == 1 and restricted.last_stats.drafted_verifications > 0
+    assert pickle.loads(pickle.dumps(restricted)).draft_token_ids().tolist() == DRAFT_IDS  # no state on the drafter
     other = tiny_target(seed=5)
     assert torch.equal(greedy(other, restricted), greedy(other))
     assert len(gathered) == 2 and gathered[1] is other.lm_head.weight
