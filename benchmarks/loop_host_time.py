@@ -9,7 +9,9 @@ SmolLM2-135M on a CPU) hides in a shared machine's noise; measured outside the f
 
 Methods, interleaved per prompt (median of `--repeats`): ``plain``; ``ours`` (the default policy); ``ours_fc_per_step``
 (the default with each verify's target states fused through the drafter's ``fc`` at its commit, as before 2026-12-07;
-now they wait until the drafter reads them). Every output is checked identical to plain's.
+now they wait until the drafter reads them); ``ours_probe_block`` (the default with each scored probe's drafts all
+scored by the LM head at once, over the whole block, as the loop did until late 2026-12-07; now each is scored
+when the policy reads it). Every output is checked identical to plain's.
 
     python benchmarks/loop_host_time.py --threads 1 --repeats 5
 """
@@ -24,12 +26,13 @@ import time
 import torch
 
 from hf_dflash.data.chat import chat_input_ids
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 from hf_dflash.evaluation.demo import default_prompts
 from hf_dflash.evaluation.machine import load_average, run_stamp
 from hf_dflash.models import load_drafter, load_target
 from hf_dflash.rows_dflash import Rows
 
-METHODS = ("plain", "ours", "ours_fc_per_step")
+METHODS = ("plain", "ours", "ours_fc_per_step", "ours_probe_block")
 
 
 class ForwardClock:
@@ -78,12 +81,34 @@ def fc_per_step():
         Rows.commit = commit
 
 
+@contextlib.contextmanager
+def probe_block():
+    """Each scored probe's drafts scored by the LM head at once, over the whole block, as the loop did before."""
+    scored = DFlashCandidateGenerator.scored_drafts
+
+    def whole_block(self, histories, context, positions, anchor_positions, num_drafts, slot_mask=None):
+        room = self.options.room(len(histories[0]))
+        num_drafts = num_drafts if room is None else min(num_drafts, room)
+        if num_drafts <= 0:
+            return []
+        return self.propose(histories, context, positions, anchor_positions, slot_mask, num_drafts)[0][0].tolist()
+
+    DFlashCandidateGenerator.scored_drafts = whole_block
+    try:
+        yield
+    finally:
+        DFlashCandidateGenerator.scored_drafts = scored
+
+
+METHOD_CONTEXTS = {"ours_fc_per_step": fc_per_step, "ours_probe_block": probe_block}
+
+
 def run(target, drafter, ids, method: str, max_new_tokens: int, clock: ForwardClock) -> tuple[float, int, list]:
     """(seconds outside the forwards, new tokens, the output ids) of one call."""
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     if method != "plain":
         kwargs["assistant_model"] = drafter
-    with fc_per_step() if method == "ours_fc_per_step" else contextlib.nullcontext():
+    with METHOD_CONTEXTS.get(method, contextlib.nullcontext)():
         clock.seconds = 0.0
         start = time.perf_counter()
         out = target.generate(ids, **kwargs)
@@ -96,9 +121,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    methods = args.methods.split(",")
+    if not set(methods) <= set(METHODS) or "plain" not in methods:
+        parser.error(f"--methods {args.methods}: choose among {', '.join(METHODS)}, plain included")
     target, tokenizer = load_target(None)
     drafter = load_drafter(None, target)
     clock = ForwardClock(target, drafter)
@@ -109,7 +138,7 @@ def main() -> None:
             host = collections.defaultdict(list)
             outputs = {}
             for _ in range(args.repeats):
-                for method in METHODS:
+                for method in methods:
                     seconds, tokens, out = run(target, drafter, ids, method, args.max_new_tokens, clock)
                     host[method].append(1e3 * seconds / tokens)
                     outputs.setdefault(method, out)
@@ -117,13 +146,13 @@ def main() -> None:
             rows.append({"prompt": name, **{m: round(statistics.median(v), 3) for m, v in host.items()}})
     print(f"ms per new token outside the target's and drafter's forwards (median of {args.repeats}, "
           f"{args.threads} thread(s), load average {load_before} -> {load_average()})\n")
-    print("| prompt | " + " | ".join(METHODS) + " |\n" + "|---" * (len(METHODS) + 1) + "|")
+    print("| prompt | " + " | ".join(methods) + " |\n" + "|---" * (len(methods) + 1) + "|")
     for row in rows:
-        print(f"| {row['prompt']} | " + " | ".join(f"{row[m]:.2f}" for m in METHODS) + " |")
+        print(f"| {row['prompt']} | " + " | ".join(f"{row[m]:.2f}" for m in methods) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"stamp": run_stamp(target.device, load_before), "threads": args.threads, "repeats": args.repeats, "rows": rows}, f,
-                      indent=1)
+            json.dump({"stamp": run_stamp(target.device, load_before), "threads": args.threads,
+                       "repeats": args.repeats, "methods": methods, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Part of the remote-code payload: imports only torch, transformers and sibling mo
 
 import dataclasses
 import weakref
+from collections.abc import Sequence
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -168,6 +169,23 @@ class DFlashCandidateGenerator(CandidateGenerator):
             drafts [b, num_drafts] and the processed drafter scores they were chosen from (q = softmax(scores)).
         """
         num_drafts = self.block_size - 1 if num_drafts is None else num_drafts
+        hidden = self.drafter_states(histories, context, context_positions, anchor_positions, slot_mask)
+        rows = gemm_friendly_rows(num_drafts + 1, self.drafter.device, len(histories))
+        hidden = hidden[:, :rows]
+        anchors_device = histories[0].device
+        logits = self.draft_logits(hidden)[:, 1 : num_drafts + 1].float().to(anchors_device)
+        if self.selector is None:
+            return choose_drafts(self.logits_processor, histories, logits, self.options.do_sample)
+        anchors = torch.stack([h[-1] for h in histories])
+        candidate_ids, unary = self.drafter.candidate_scores(logits)
+        edges = self.drafter.edge_scores(candidate_ids, unary, hidden[:, 1 : num_drafts + 1], anchors)
+        return selector_walk(self.logits_processor, histories, candidate_ids, edges.to(anchors_device),
+                             logits.shape[-1], self.options.do_sample)
+
+    def drafter_states(self, histories, context, context_positions, anchor_positions, slot_mask=None):
+        """The drafter's forward over each row's block ``[anchor, mask, ...]`` after its new `context` (arguments as
+        :meth:`propose`'s): its last hidden states [b, block, H], on the LM head's device and in its dtype (the
+        target's head scores them; the drafter may run in another dtype). Its context K/V stay cached."""
         device, batch = self.drafter.device, len(histories)
         anchors = torch.stack([h[-1:] for h in histories])
         block = torch.cat([self._embed(anchors), self.mask_embeds.expand(batch, -1, -1)], dim=1)
@@ -187,27 +205,83 @@ class DFlashCandidateGenerator(CandidateGenerator):
                 **{self.cache_keyword: self.cache},
             ).last_hidden_state
             self.cache.crop(-self.block_size)  # keep the context K/V only
-        rows = gemm_friendly_rows(num_drafts + 1, device, batch)
-        # the target's LM head scores the drafter's states in the target's dtype (the drafter may run in another)
-        hidden = hidden[:, :rows].to(device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype)
-        logits = self.draft_logits(hidden)[:, 1 : num_drafts + 1].float().to(anchors.device)
-        if self.selector is None:
-            return choose_drafts(self.logits_processor, histories, logits, self.options.do_sample)
-        candidate_ids, unary = self.drafter.candidate_scores(logits)
-        edges = self.drafter.edge_scores(candidate_ids, unary, hidden[:, 1 : num_drafts + 1], anchors[:, 0])
-        return selector_walk(self.logits_processor, histories, candidate_ids, edges.to(anchors.device),
-                             logits.shape[-1], self.options.do_sample)
+        return hidden.to(device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype)
+
+    @property
+    def lazy_probes(self) -> bool:
+        """Whether a scored probe's drafts are :class:`GreedyDrafts`: greedy, with no logits processor (a draft's
+        processed scores depend on the drafts before it) and no candidate selector (a walk along the block)."""
+        return not (len(self.logits_processor) or self.selector is not None or self.options.do_sample)
+
+    def scored_drafts(self, histories, context, context_positions, anchor_positions, num_drafts: int,
+                      slot_mask=None):
+        """A scored probe's drafts (batch size 1, greedy): the tokens the drafter proposes after its new `context`,
+        [] where none fits before max_length. They are :class:`GreedyDrafts` (:attr:`lazy_probes`), each scored by the
+        LM head when first read: a probe is scored against the tokens
+        committed after it, and its first draft rarely holds where probes are all the drafter gets (the head over
+        the whole block cost a CPU twice the drafter's forward, for SmolLM2-135M's shipped drafter)."""
+        room = self.options.room(len(histories[0]))
+        num_drafts = num_drafts if room is None else min(num_drafts, room)
+        if num_drafts <= 0:
+            return []
+        if not self.lazy_probes:
+            drafts, _ = self.propose(histories, context, context_positions, anchor_positions, slot_mask, num_drafts)
+            return drafts[0].tolist()
+        hidden = self.drafter_states(histories, context, context_positions, anchor_positions, slot_mask)
+        return GreedyDrafts(self, hidden[0, 1 : num_drafts + 1])
 
     def draft_logits(self, hidden):
         """The target LM head's logits for drafter `hidden` states; with a draft vocabulary, only its tokens get
         finite logits (-inf elsewhere: never proposed, and q = 0 there for speculative sampling)."""
         if self.draft_ids is None:
             return self.lm_head(hidden)
+        partial = self._draft_vocabulary_logits(hidden)
+        logits = partial.new_full((*partial.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
+        return logits.index_copy_(-1, self.draft_ids, partial)
+
+    def greedy_tokens(self, hidden) -> list[int]:
+        """The LM head's argmax for each drafter state of `hidden` [n, H], as :meth:`draft_logits` would choose
+        it (ties aside), without spreading a draft vocabulary's logits over the whole vocabulary."""
+        if self.draft_ids is None:
+            return self.lm_head(hidden).argmax(dim=-1).tolist()
+        return self.draft_ids[self._draft_vocabulary_logits(hidden).argmax(dim=-1)].tolist()
+
+    def _draft_vocabulary_logits(self, hidden):
         partial = hidden @ draft_head_rows(self.drafter, self.lm_head.weight, self.draft_ids).T
         if getattr(self.lm_head, "bias", None) is not None:
             partial = partial + self.lm_head.bias[self.draft_ids]
-        logits = partial.new_full((*partial.shape[:-1], self.lm_head.weight.shape[0]), float("-inf"))
-        return logits.index_copy_(-1, self.draft_ids, partial)
+        return partial
+
+
+class GreedyDrafts(Sequence):
+    """A scored probe's greedy drafts (:meth:`DFlashCandidateGenerator.scored_drafts`): draft d is the LM head's
+    argmax over the drafter's state for it, computed when first read, in runs of 1, 1, 2, 4, ... rows (the policy
+    reads draft d only after the text confirmed the drafts before it).
+
+    Example:
+        >>> class Head:  # scores a state by its own values
+        ...     def greedy_tokens(self, hidden): return hidden.argmax(dim=-1).tolist()
+        >>> drafts = GreedyDrafts(Head(), torch.eye(4)[[2, 0, 3]])
+        >>> drafts[0], drafts.tokens  # the first state only
+        (2, [2])
+        >>> len(drafts), drafts[1:], drafts.tokens
+        (3, [0, 3], [2, 0, 3])
+    """
+
+    def __init__(self, head, hidden: torch.Tensor):
+        self.head, self.hidden, self.tokens = head, hidden, []
+
+    def __len__(self) -> int:
+        return len(self.hidden)
+
+    def __getitem__(self, depth):
+        if isinstance(depth, slice):
+            return [self[d] for d in range(*depth.indices(len(self)))]
+        depth = range(len(self))[depth]  # negative depths, and IndexError past the end
+        while len(self.tokens) <= depth:
+            done = len(self.tokens)
+            self.tokens += self.head.greedy_tokens(self.hidden[done : done + max(1, done)])
+        return self.tokens[depth]
 
 
 # drafter -> (a weak reference to the target head it gathered from, that head's version, the ids, their rows): weakly

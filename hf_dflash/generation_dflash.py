@@ -109,7 +109,8 @@ def dflash_decoding(target, input_ids: torch.LongTensor, logits_processor, stopp
         draft, lookup = next_draft(policy, generator, rows, cache, trees=tree is not None)
         candidates, draft_scores, drafter_ran, probe = proposed(generator, policy, rows, draft, lookup)
         drafts, drafted = candidates[:, 1:], synchronized_clock(device)
-        draft_seconds = drafted - tic if drafter_ran and not generator.compiled else None
+        # (a scored probe's head reads few rows: not what a drafted cycle costs)
+        draft_seconds = drafted - tic if drafter_ran and not (generator.compiled or draft.scored_only) else None
         stats.draft_seconds += drafted - tic
         stats.lookup_cycles += int(draft.from_lookup)
         if tree is not None and drafts.shape[1] and not draft.from_lookup:  # steps 3-5 over a tree of drafts
@@ -180,19 +181,17 @@ def proposed(generator, policy: DraftPolicy, rows, draft: Draft, lookup: list[in
     it last ran; a probe's drafts (``draft.scored_only``) go to the policy to be scored against the tokens committed
     next, and the target steps plainly."""
     context, positions = rows.unread() if draft.count and not draft.from_lookup else (None, None)
+    if draft.scored_only:  # (fewer drafts near max_length: the room left; none at its end)
+        drafts = generator.scored_drafts(rows.histories, context, positions, rows.anchor_positions, draft.count,
+                                         rows.slot_mask)
+        if drafts:
+            policy.observe_drafter_offer(rows.histories[0], drafts)
+        return rows.anchors(), None, bool(drafts), drafts[0] if drafts else None
     candidates, draft_scores = generator.get_candidates(
         rows.anchors(), context, draft=draft, lookup=lookup, histories=rows.histories,
         context_positions=positions, anchor_positions=rows.anchor_positions, slot_mask=rows.slot_mask,
     )
-    drafter_ran = candidates.shape[1] > 1 and not draft.from_lookup
-    probe = None
-    if draft.scored_only:  # (fewer drafts near max_length: the room left; none at its end)
-        if drafter_ran:
-            drafts = candidates[0, 1:].tolist()
-            policy.observe_drafter_offer(rows.histories[0], drafts)
-            probe = drafts[0]
-        candidates, draft_scores = candidates[:, :1], None
-    return candidates, draft_scores, drafter_ran, probe
+    return candidates, draft_scores, candidates.shape[1] > 1 and not draft.from_lookup, None
 
 
 def static_room(cache, drafter_cache, rows, block_size: int) -> int | None:

@@ -20,6 +20,7 @@ import copy
 import functools
 import math
 import weakref
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -132,7 +133,7 @@ class CostAwarePolicy:
         self.cycles = 0
         self.tree_expected, self.tree_accepted = 0.0, 0.0  # trees: drafts the drafter expected vs those accepted
         # offers not scored to their end yet: (text length, drafts, n-gram size or None for the drafter's, scored)
-        self.offers: list[tuple[int, list[int], int | None, int]] = []
+        self.offers: list[tuple[int, Sequence[int], int | None, int]] = []
         self.context = 0  # tokens of text this cycle's forwards attend to (the costs of its length are used)
         # what earlier calls with this drafter learned (acceptance by depth, probing): a new call goes on from it
         self.memory = memory if memory is not None else {}
@@ -194,7 +195,7 @@ class CostAwarePolicy:
                 depths.extend([0.0] * (len(offer) - len(depths)))
         self._score_offers(history, (len(history), list(offer), size, 0) if offer else None)
 
-    def observe_drafter_offer(self, history: torch.Tensor, drafts: list[int]) -> None:
+    def observe_drafter_offer(self, history: torch.Tensor, drafts: Sequence[int]) -> None:
         """The drafts of a scored probe (:class:`Draft` ``scored_only``), proposed after the committed text `history`
         and not verified: :meth:`observe_offers` scores them as the next cycles commit tokens, into the drafter's
         acceptance counts (one verification's worth, as if they had been verified).
@@ -207,7 +208,8 @@ class CostAwarePolicy:
             >>> policy.accepted, policy.reached
             ([1.0, 1.0, 0.0], [1.0, 1.0, 1.0])
         """
-        self._score_offers(history, (len(history), list(drafts[: self.most]), None, 0))
+        drafts = drafts if len(drafts) <= self.most else list(drafts[: self.most])  # (read lazily: GreedyDrafts)
+        self._score_offers(history, (len(history), drafts, None, 0))
 
     def _score_offers(self, history: torch.Tensor, new: tuple | None) -> None:
         pending = []

@@ -33,7 +33,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
 import hf_dflash.timing_dflash
-from hf_dflash.candidates_dflash import DFlashCandidateGenerator
+from hf_dflash.candidates_dflash import DFlashCandidateGenerator, GreedyDrafts
 from hf_dflash.cli import main
 from hf_dflash.costs_dflash import cost_tables
 from hf_dflash.models import load_target
@@ -288,6 +288,7 @@ def per_row_scripts(ids: torch.Tensor, continuations: list[list[int]], corrupt: 
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DFlashCandidateGenerator, "propose", propose)
+        patch.setattr(DFlashCandidateGenerator, "lazy_probes", False)  # probes too
         yield
 
 
@@ -338,11 +339,10 @@ def scripted_drafts(continuation, corrupt: float = 0.0, seed: int = 0, vocab_siz
         point_mass[0, torch.arange(drafts.shape[0]), drafts] = 0.0
         return drafts[None].to(histories[0].device), point_mass
 
-    DFlashCandidateGenerator.propose = propose
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DFlashCandidateGenerator, "propose", propose)
+        patch.setattr(DFlashCandidateGenerator, "lazy_probes", False)  # a scored probe's drafts come from propose too
         yield proposals
-    finally:
-        DFlashCandidateGenerator.propose = original
 
 
 @contextlib.contextmanager
@@ -369,11 +369,10 @@ def ranked_drafts(continuation, second: float = 1.0, seed: int = 0):
             ranked[0, j, top], ranked[0, j, runner_up] = 3.0, 2.0
         return ranked.argmax(-1), ranked
 
-    DFlashCandidateGenerator.propose = propose
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DFlashCandidateGenerator, "propose", propose)
+        patch.setattr(DFlashCandidateGenerator, "lazy_probes", False)  # a scored probe's drafts come from propose too
         yield
-    finally:
-        DFlashCandidateGenerator.propose = original
 
 
 def sequences(output) -> torch.Tensor:
@@ -847,19 +846,26 @@ def own_weights_folder(source: Path, dest: Path, seed: int = 7) -> Path:
 
 @contextlib.contextmanager
 def recorded_drafts():
-    """Yields the list of every proposal (drafts as lists) made inside."""
-    original, proposals = DFlashCandidateGenerator.propose, []
+    """Yields the list of every proposal (drafts as lists, [rows][drafts]) made inside, scored probes included (all
+    their drafts: read here, as the policy would not)."""
+    original, scored, proposals = DFlashCandidateGenerator.propose, DFlashCandidateGenerator.scored_drafts, []
 
     def propose(self, *args, **kwargs):
         drafts, scores = original(self, *args, **kwargs)
         proposals.append(drafts.tolist())
         return drafts, scores
 
-    DFlashCandidateGenerator.propose = propose
+    def scored_drafts(self, *args, **kwargs):
+        drafts = scored(self, *args, **kwargs)
+        if isinstance(drafts, GreedyDrafts):  # (the others came from propose)
+            proposals.append([drafts[:]])
+        return drafts
+
+    DFlashCandidateGenerator.propose, DFlashCandidateGenerator.scored_drafts = propose, scored_drafts
     try:
         yield proposals
     finally:
-        DFlashCandidateGenerator.propose = original
+        DFlashCandidateGenerator.propose, DFlashCandidateGenerator.scored_drafts = original, scored
 
 
 def run_without_hf_dflash(code: str, env_extra: dict | None = None) -> str:

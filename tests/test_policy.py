@@ -153,10 +153,10 @@ def test_a_scored_probe_steps_plainly_and_the_drafter_reads_every_position_once(
     observe = CostAwarePolicy.observe_drafter_offer
     monkeypatch.setattr(CostAwarePolicy, "observe_drafter_offer",
                         lambda self, history, drafts: offers.append(len(drafts)) or observe(self, history, drafts))
-    propose = DFlashCandidateGenerator.propose
-    monkeypatch.setattr(DFlashCandidateGenerator, "propose", lambda self, histories, context, positions, *args,
-                        **kwargs: read.extend(positions[0].tolist()) or propose(self, histories, context, positions,
-                                                                               *args, **kwargs))
+    states = DFlashCandidateGenerator.drafter_states
+    monkeypatch.setattr(DFlashCandidateGenerator, "drafter_states", lambda self, histories, context, positions, *args,
+                        **kwargs: read.extend(positions[0].tolist()) or states(self, histories, context, positions,
+                                                                              *args, **kwargs))
     assisted = dict(dflash_policy="cost", dflash_lookup=False) | ({"dflash_tree_budget": 4} if tree else {})
     assert_lossless(target, drafter, prompt, kinds=["random"], max_new_tokens=30, assisted=assisted)
     assert offers and offers[:-1] == [5] * (len(offers) - 1) and 0 < offers[-1] <= 5, offers  # a block (cut at the end)
@@ -164,6 +164,35 @@ def test_a_scored_probe_steps_plainly_and_the_drafter_reads_every_position_once(
     cycles = drafter.last_stats.drafts_per_cycle
     verified = sum(1 for count in cycles if count)
     assert cycles.count(0) >= 4 * verified > 0, cycles  # of every 6 cycles, 5 verify no draft (2 of them probes)
+
+
+@pytest.mark.parametrize("vocabulary", [False, True], ids=["whole-vocabulary", "draft-vocabulary"])
+def test_a_scored_probe_scores_only_the_drafts_the_text_reaches(vocabulary, monkeypatch):
+    """SmolLM2-135M's shipped drafter on chat: its probes' LM head over the whole block cost a CPU twice the drafter's
+    forward, for a first draft that rarely holds. A greedy probe's drafts are scored when the policy reads them: a
+    drafter whose first draft never holds has one row of each probe scored, and each draft is the head's argmax."""
+    target = cached_target("qwen3")
+    drafter, prompt = make_drafter(target, block_size=6), make_prompt(10, seed=3)
+    if vocabulary:
+        drafter.set_draft_vocabulary(list(range(0, target.config.vocab_size, 3)))
+    install_cost_table(monkeypatch, target, CostTable())
+    script = itertools.cycle([0, "probe"])
+    monkeypatch.setattr(CostAwarePolicy, "choose", lambda self, *args, **kwargs: (
+        Draft(self.most, scored_only=True) if next(script) == "probe" else Draft(0)))
+    probes = []
+    scored = DFlashCandidateGenerator.scored_drafts
+    monkeypatch.setattr(DFlashCandidateGenerator, "scored_drafts", lambda self, *args: probes.append(
+        (self, scored(self, *args))) or probes[-1][1])
+    try:
+        assert_lossless(target, drafter, prompt, kinds=["random"], max_new_tokens=24,
+                        assisted=dict(dflash_policy="cost", dflash_lookup=False))
+        lengths = [len(drafts) for _, drafts in probes]  # the whole block, then what fits before max_new_tokens
+        assert len(lengths) >= 10 and lengths[:8] == [5] * 8 and min(lengths) > 0, lengths
+        assert [len(drafts.tokens) for _, drafts in probes] == [1] * len(probes)  # the first draft: always wrong
+        for generator, drafts in probes:  # each draft the argmax of the LM head's logits, as a drafted cycle's
+            assert drafts[:] == generator.draft_logits(drafts.hidden).argmax(dim=-1).tolist()
+    finally:
+        drafter.set_draft_vocabulary(None)
 
 
 def test_a_good_drafter_verifies_long_chains_and_flat_costs_favour_longer_ones(monkeypatch):
