@@ -29,6 +29,7 @@ from hf_dflash.data.chat import chat_input_ids
 from hf_dflash.candidates_dflash import DFlashCandidateGenerator
 from hf_dflash.evaluation.demo import default_prompts
 from hf_dflash.evaluation.machine import load_average, run_stamp
+from hf_dflash.evaluation.prompts import load_eval_prompts
 from hf_dflash.models import load_drafter, load_target
 from hf_dflash.rows_dflash import Rows
 
@@ -103,8 +104,8 @@ def probe_block():
 METHOD_CONTEXTS = {"ours_fc_per_step": fc_per_step, "ours_probe_block": probe_block}
 
 
-def run(target, drafter, ids, method: str, max_new_tokens: int, clock: ForwardClock) -> tuple[float, int, list]:
-    """(seconds outside the forwards, new tokens, the output ids) of one call."""
+def run(target, drafter, ids, method: str, max_new_tokens: int, clock: ForwardClock) -> tuple[float, float, int, list]:
+    """(seconds outside the forwards, seconds in all, new tokens, the output ids) of one call."""
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     if method != "plain":
         kwargs["assistant_model"] = drafter
@@ -113,7 +114,14 @@ def run(target, drafter, ids, method: str, max_new_tokens: int, clock: ForwardCl
         start = time.perf_counter()
         out = target.generate(ids, **kwargs)
         total = time.perf_counter() - start
-    return total - clock.seconds, out.shape[1] - ids.shape[1], out[0].tolist()
+    return total - clock.seconds, total, out.shape[1] - ids.shape[1], out[0].tolist()
+
+
+def prompts(dataset: str | None, tokenizer) -> list[tuple[str, object]]:
+    """(name, prompt) pairs: the demo's, or the first 3 of a bench `dataset`."""
+    if dataset is None:
+        return list(default_prompts())
+    return [(f"{dataset} #{i}", prompt) for i, prompt in enumerate(load_eval_prompts(dataset, 3, tokenizer))]
 
 
 def main() -> None:
@@ -122,6 +130,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--dataset", default=None, help="the first 3 prompts of a bench dataset (default: the demo's)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -133,22 +142,28 @@ def main() -> None:
     clock = ForwardClock(target, drafter)
     rows, load_before = [], load_average()
     with clock.installed():
-        for name, prompt in default_prompts():
+        for name, prompt in prompts(args.dataset, tokenizer):
             ids = chat_input_ids(tokenizer, prompt)
-            host = collections.defaultdict(list)
+            host, whole = collections.defaultdict(list), collections.defaultdict(list)
             outputs = {}
             for _ in range(args.repeats):
                 for method in methods:
-                    seconds, tokens, out = run(target, drafter, ids, method, args.max_new_tokens, clock)
+                    seconds, total, tokens, out = run(target, drafter, ids, method, args.max_new_tokens, clock)
                     host[method].append(1e3 * seconds / tokens)
+                    whole[method].append(1e3 * total / tokens)
                     outputs.setdefault(method, out)
             assert all(out == outputs["plain"] for out in outputs.values()), f"{name}: outputs differ"
-            rows.append({"prompt": name, **{m: round(statistics.median(v), 3) for m, v in host.items()}})
+            rows.append({"prompt": name, **{m: round(statistics.median(v), 3) for m, v in host.items()},
+                         "whole call": {m: round(statistics.median(v), 2) for m, v in whole.items()}})
     print(f"ms per new token outside the target's and drafter's forwards (median of {args.repeats}, "
           f"{args.threads} thread(s), load average {load_before} -> {load_average()})\n")
     print("| prompt | " + " | ".join(methods) + " |\n" + "|---" * (len(methods) + 1) + "|")
     for row in rows:
         print(f"| {row['prompt']} | " + " | ".join(f"{row[m]:.2f}" for m in methods) + " |")
+    print("\nms per new token, the whole call\n\n| prompt | " + " | ".join(methods) + " |\n"
+          + "|---" * (len(methods) + 1) + "|")
+    for row in rows:
+        print(f"| {row['prompt']} | " + " | ".join(f"{row['whole call'][m]:.1f}" for m in methods) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"stamp": run_stamp(target.device, load_before), "threads": args.threads,
