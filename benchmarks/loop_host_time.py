@@ -84,21 +84,14 @@ def fc_per_step():
 
 @contextlib.contextmanager
 def probe_block():
-    """Each scored probe's drafts scored by the LM head at once, over the whole block, as the loop did before."""
-    scored = DFlashCandidateGenerator.scored_drafts
-
-    def whole_block(self, histories, context, positions, anchor_positions, num_drafts, slot_mask=None):
-        room = self.options.room(len(histories[0]))
-        num_drafts = num_drafts if room is None else min(num_drafts, room)
-        if num_drafts <= 0:
-            return []
-        return self.propose(histories, context, positions, anchor_positions, slot_mask, num_drafts)[0][0].tolist()
-
-    DFlashCandidateGenerator.scored_drafts = whole_block
+    """Each scored probe's drafts scored by the LM head at once, over the whole block, as the loop did before (the
+    path probes with logits processors still take)."""
+    lazy = DFlashCandidateGenerator.__dict__["lazy_probes"]  # the property itself
+    DFlashCandidateGenerator.lazy_probes = False
     try:
         yield
     finally:
-        DFlashCandidateGenerator.scored_drafts = scored
+        DFlashCandidateGenerator.lazy_probes = lazy
 
 
 METHOD_CONTEXTS = {"ours_fc_per_step": fc_per_step, "ours_probe_block": probe_block}

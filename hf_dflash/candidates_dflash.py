@@ -143,14 +143,18 @@ class DFlashCandidateGenerator(CandidateGenerator):
             cached, length = self.cache.get_seq_length(), input_ids.shape[1]
             context_positions = torch.arange(cached, length - 1, device=input_ids.device)[None]
             anchor_positions = torch.tensor([length - 1], device=input_ids.device)
-        room = self.options.room(min(len(h) for h in histories))
-        num_drafts = draft.count if room is None else min(draft.count, room)
+        num_drafts = self._fitting(histories, draft.count)
         if num_drafts <= 0:
             return input_ids, None
         drafts, scores = self.propose(
             histories, context_hidden_states, context_positions, anchor_positions, slot_mask, num_drafts
         )
         return torch.cat([input_ids, drafts], dim=1), scores
+
+    def _fitting(self, histories, count: int) -> int:
+        """`count` drafts, cut to those that fit before max_length after the shortest row (0 or less: none)."""
+        room = self.options.room(min(len(h) for h in histories))
+        return count if room is None else min(count, room)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         """CandidateGenerator API. Nothing to adapt here: the draft policy (policy_dflash.py) chooses each cycle's
@@ -220,8 +224,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         LM head when first read: a probe is scored against the tokens
         committed after it, and its first draft rarely holds where probes are all the drafter gets (the head over
         the whole block cost a CPU twice the drafter's forward, for SmolLM2-135M's shipped drafter)."""
-        room = self.options.room(len(histories[0]))
-        num_drafts = num_drafts if room is None else min(num_drafts, room)
+        num_drafts = self._fitting(histories, num_drafts)
         if num_drafts <= 0:
             return []
         if not self.lazy_probes:
