@@ -243,8 +243,8 @@ class GrowingLayer(DynamicLayer):
     the logits are bit for bit those of transformers' layer.
 
     A crop is a shorter view from the buffers' start; keys or values replaced from outside (row selection, slot
-    moves, offloading) are copied into new buffers at the next update. A buffer never holds more than `most_slots`
-    (the call's need, when known) unless a forward writes past it.
+    moves, offloading) are copied into new buffers at the next update. A buffer holds at most `most_slots` (the
+    call's need, when known) until a forward writes past them (a batch's padding slots can), then grows as without.
 
     Example:
         >>> layer = GrowingLayer()
@@ -282,7 +282,9 @@ class GrowingLayer(DynamicLayer):
 
     def _grown(self, old: torch.Tensor, new: torch.Tensor, held: int, end: int) -> torch.Tensor:
         """A buffer for `end` slots and :attr:`GROWTH` more, holding the `held` slots of `old`."""
-        room = end + self.GROWTH if self.most_slots is None else max(end, min(end + self.GROWTH, self.most_slots))
+        room = end + self.GROWTH
+        if self.most_slots is not None and end <= self.most_slots:  # (past it, e.g. a batch's padding: grow again)
+            room = min(room, self.most_slots)
         buffer = new.new_empty((*new.shape[:-2], room, new.shape[-1]))
         if held:
             buffer[..., :held, :] = old

@@ -12,7 +12,7 @@ from conftest import cached_target, make_drafter, make_prompt, plain_generate
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from hf_dflash import cache_dflash
-from hf_dflash.cache_dflash import GrowingLayer, grow_in_place, move_slots
+from hf_dflash.cache_dflash import GrowingLayer, cache_argument, grow_in_place, move_slots
 
 
 def states(width: int, batch: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,6 +49,19 @@ def test_a_growing_layer_holds_what_transformers_layer_holds(most_slots):
         GrowingLayer.GROWTH = growth
 
 
+def test_a_layer_past_its_bound_grows_as_without_one(monkeypatch):
+    """A batch's padding slots can take a call past the slots it was sized for: past its bound a layer makes room
+    again, rather than a new buffer at every forward."""
+    grown = []
+    regrow = GrowingLayer._grown
+    monkeypatch.setattr(GrowingLayer, "_grown", lambda self, *args: grown.append(args[-1]) or regrow(self, *args))
+    layer = GrowingLayer()
+    layer.most_slots = 4
+    for seed in range(40):
+        layer.update(*states(1, seed=seed))
+    assert grown == [1, 1, 5, 5], f"new buffers (keys, values) at slots {grown}"
+
+
 def test_verify_logits_are_bit_identical_on_a_growing_cache():
     """The target's logits over a prompt and verify blocks of 1-16 rows, each block's drafts then cropped, are bit for
     bit those on transformers' dynamic cache: attention reads the same values, from a view of a larger buffer."""
@@ -59,10 +72,11 @@ def test_verify_logits_are_bit_identical_on_a_growing_cache():
     logits = {}
     with torch.no_grad():
         for name, cache in caches.items():
-            logits[name] = [target(input_ids=prompt, past_key_values=cache).logits]
+            keyword = {cache_argument(target): cache}
+            logits[name] = [target(input_ids=prompt, **keyword).logits]
             for width in (1, 3, 16, 2, 7):
                 block = make_prompt(width, seed=width)
-                logits[name].append(target(input_ids=block, past_key_values=cache).logits)
+                logits[name].append(target(input_ids=block, **keyword).logits)
                 cache.crop(-(width - 1))  # one row kept: the rest were rejected drafts
     assert all(type(layer) is GrowingLayer for layer in caches["growing"].layers)
     for plain, growing in zip(logits["plain"], logits["growing"]):
