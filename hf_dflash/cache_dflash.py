@@ -258,7 +258,7 @@ class GrowingLayer(DynamicLayer):
     """
 
     GROWTH = 256  # slots a new buffer holds beyond those written (~3% of the cache after 8K tokens)
-    most_slots: int | None = None  # the slots the call can reach (None: unknown): no room is made past them
+    most_slots: int | None = None  # the slots the call can reach (None: unknown): room is made up to them
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
